@@ -1,0 +1,79 @@
+# recmesh — the user's interface. `make run` and `make test` are all a
+# newcomer needs; every other target is reached from them or documented in
+# README.md.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+ROOT        := $(abspath .)
+DEPS        := $(ROOT)/.deps
+BIN         := $(ROOT)/bin
+DATA        := $(ROOT)/data
+PYTHON      ?= python3
+GO          ?= go
+MODULES     := proto shm model frontend embedder accelerator cli bench
+PJRT_DIR    := $(DEPS)/pjrt
+PJRT_PLUGIN := $(PJRT_DIR)/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so
+VENV        := $(DEPS)/venv
+VPY         := $(VENV)/bin/python
+DEV_BUNDLE  := $(DATA)/dlrm-cap1000
+BENCH_BUNDLE:= $(DATA)/dlrm-cap850000
+
+export PJRT_PLUGIN_LIBRARY_PATH ?= $(dir $(PJRT_PLUGIN))
+export RECMESH_PJRT_PLUGIN ?= $(PJRT_PLUGIN)
+
+.PHONY: help deps build test vet run parity bench-model
+
+help:
+	@echo "make run    - start the whole mesh on the small default model"
+	@echo "make test   - run every test"
+	@echo "make deps   - install Go modules, the PJRT CPU plugin and the test tools"
+	@echo "make build  - build every binary into bin/"
+	@echo "make parity / bench-model / bench-ring / bench-lookup - see README.md"
+
+## deps: Go modules, the PJRT CPU plugin (PyPI wheel) and a Python venv for
+## the third-party protocol clients. Stamp files keep it quick when done.
+deps: $(DEPS)/go.stamp $(PJRT_PLUGIN) $(DEPS)/venv.stamp
+
+$(DEPS)/go.stamp: go.work $(wildcard */go.mod) $(wildcard */go.sum)
+	@mkdir -p $(DEPS)
+	@for m in $(MODULES); do (cd $$m && $(GO) mod download) || exit 1; done
+	@touch $@
+
+$(PJRT_PLUGIN):
+	@mkdir -p $(PJRT_DIR)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target $(PJRT_DIR) xla-cpu-pjrt==0.0.1
+	@test -f $@ || { echo "deps: xla-cpu-pjrt did not provide $@" >&2; exit 1; }
+
+$(DEPS)/venv.stamp: requirements-dev.txt
+	@mkdir -p $(DEPS)
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+build: $(DEPS)/go.stamp
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cli/cmd/... ./accelerator/cmd/...
+
+PKGS := $(foreach m,$(MODULES),./$(m)/...)
+
+vet: $(DEPS)/go.stamp
+	$(GO) vet $(PKGS)
+
+test: deps vet
+	$(GO) test -count=1 $(PKGS)
+
+## The small default bundle, exported once.
+$(DEV_BUNDLE)/model.safetensors: | $(DEPS)/go.stamp
+	$(GO) run ./cli/cmd/recmesh export --max-vocab 1000 --seed 1 --out $(DEV_BUNDLE)
+
+$(BENCH_BUNDLE)/model.safetensors: | $(DEPS)/go.stamp
+	$(GO) run ./cli/cmd/recmesh export --max-vocab 850000 --seed 1 --out $(BENCH_BUNDLE)
+
+parity: deps $(DEV_BUNDLE)/model.safetensors
+	$(GO) run ./accelerator/cmd/accelerator parity --bundle $(DEV_BUNDLE)
+
+bench-model: deps $(DEV_BUNDLE)/model.safetensors
+	$(GO) run ./accelerator/cmd/accelerator bench --bundle $(DEV_BUNDLE)
+
+-include mk/*.mk

@@ -1,0 +1,3 @@
+module github.com/recmesh/recmesh/accelerator
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/recmesh/recmesh/bench
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/recmesh/recmesh/cli
+
+go 1.26

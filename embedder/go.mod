@@ -1,0 +1,3 @@
+module github.com/recmesh/recmesh/embedder
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/recmesh/recmesh/frontend
+
+go 1.26

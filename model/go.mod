@@ -1,0 +1,3 @@
+module github.com/recmesh/recmesh/model
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/recmesh/recmesh/proto
+
+go 1.26

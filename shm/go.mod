@@ -1,0 +1,5 @@
+module github.com/recmesh/recmesh/shm
+
+go 1.26.0
+
+require golang.org/x/sys v0.50.0 // indirect
