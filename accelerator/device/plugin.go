@@ -1,0 +1,180 @@
+// Package device owns the PJRT plugin of the accelerator process: finding
+// the plugin file, loading it, checking that the gopjrt binding and the
+// plugin can work together, and the client that every executable shares.
+package device
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/gomlx/gopjrt/pjrt"
+)
+
+// BindingAPI is the PJRT C API version of the header gopjrt v0.10.0 was
+// built against.
+const (
+	BindingAPIMajor = 0
+	BindingAPIMinor = 81
+)
+
+// Environment variables that locate the plugin.
+const (
+	// EnvPlugin names the plugin file (or a registered plugin name such as
+	// "cpu"); it is the twin of the --pjrt-plugin flag.
+	EnvPlugin = "RECMESH_PJRT_PLUGIN"
+	// EnvLibraryPath is gopjrt's own search path (":"-separated folders).
+	EnvLibraryPath = "PJRT_PLUGIN_LIBRARY_PATH"
+)
+
+// cpuPluginRel is where `make deps` installs the CPU plugin, relative to the
+// checkout: pip --target .deps/pjrt xla-cpu-pjrt==0.0.1.
+var cpuPluginRel = filepath.Join(".deps", "pjrt", "xla_plugins", "xla_cpu_pjrt", "xla_cpu_pjrt.so")
+
+// pluginFileNames are the file names searched for in EnvLibraryPath.
+var pluginFileNames = []string{"xla_cpu_pjrt.so", "pjrt_c_api_cpu_plugin.so", "xla_cuda_plugin.so"}
+
+// ErrPluginNotFound is returned by FindPlugin when no plugin file exists.
+var ErrPluginNotFound = errors.New("PJRT plugin not found")
+
+// FindPlugin resolves the plugin to load. An explicit value (flag or
+// EnvPlugin) wins; then the folders of EnvLibraryPath; then the checkout's
+// .deps folder found from the working directory or the executable upwards.
+func FindPlugin(explicit string) (string, error) {
+	if explicit == "" {
+		explicit = os.Getenv(EnvPlugin)
+	}
+	if explicit != "" {
+		if !strings.ContainsRune(explicit, os.PathSeparator) && !strings.HasSuffix(explicit, ".so") {
+			return explicit, nil // a name such as "cpu", resolved by gopjrt
+		}
+		if _, err := os.Stat(explicit); err != nil {
+			return "", fmt.Errorf("%w: %s=%q: %v", ErrPluginNotFound, EnvPlugin, explicit, err)
+		}
+		return explicit, nil
+	}
+	var looked []string
+	for _, dir := range filepath.SplitList(os.Getenv(EnvLibraryPath)) {
+		if dir == "" {
+			continue
+		}
+		for _, name := range pluginFileNames {
+			p := filepath.Join(dir, name)
+			looked = append(looked, p)
+			if fileExists(p) {
+				return p, nil
+			}
+		}
+	}
+	var starts []string
+	if wd, err := os.Getwd(); err == nil {
+		starts = append(starts, wd)
+	}
+	if exe, err := os.Executable(); err == nil {
+		starts = append(starts, filepath.Dir(exe))
+	}
+	for _, start := range starts {
+		for dir := start; ; dir = filepath.Dir(dir) {
+			p := filepath.Join(dir, cpuPluginRel)
+			looked = append(looked, p)
+			if fileExists(p) {
+				return p, nil
+			}
+			if filepath.Dir(dir) == dir {
+				break
+			}
+		}
+	}
+	return "", fmt.Errorf("%w (looked in %d places, e.g. %s): run `make deps` to install the CPU plugin from PyPI (xla-cpu-pjrt==0.0.1), or set %s to the plugin's .so",
+		ErrPluginNotFound, len(looked), filepath.Join("<checkout>", cpuPluginRel), EnvPlugin)
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
+// Runtime is a loaded plugin and its client.
+type Runtime struct {
+	Plugin *pjrt.Plugin
+	Client *pjrt.Client
+	// Path is the plugin file (or name) that was loaded.
+	Path string
+	// APIMajor and APIMinor are the plugin's PJRT C API version.
+	APIMajor, APIMinor int
+}
+
+// Open loads the plugin found by FindPlugin(explicit), checks its API
+// version against the binding and creates a client. A plugin of another
+// major version is refused; a newer minor version is logged, because the
+// struct-size handshake usually lets an older header work with it, and the
+// executor's smoke run at start-up catches the cases where it does not.
+func Open(explicit string, log *slog.Logger) (*Runtime, error) {
+	path, err := FindPlugin(explicit)
+	if err != nil {
+		return nil, fmt.Errorf("device: %w", err)
+	}
+	plugin, err := pjrt.GetPlugin(path)
+	if err != nil {
+		return nil, fmt.Errorf("device: load plugin %s: %w", path, err)
+	}
+	major, minor := plugin.Version()
+	if log != nil {
+		log.Info("pjrt plugin loaded", "path", path, "api", fmt.Sprintf("%d.%d", major, minor),
+			"binding_api", fmt.Sprintf("%d.%d", BindingAPIMajor, BindingAPIMinor))
+	}
+	if err := CheckVersion(major, minor); err != nil {
+		return nil, fmt.Errorf("device: plugin %s: %w", path, err)
+	}
+	if minor > BindingAPIMinor && log != nil {
+		log.Warn("pjrt plugin is newer than the binding; relying on struct-size compatibility",
+			"plugin_api", fmt.Sprintf("%d.%d", major, minor))
+	}
+	client, err := plugin.NewClient(nil)
+	if err != nil {
+		return nil, fmt.Errorf("device: plugin %s (PJRT API %d.%d, binding %d.%d): create client: %w",
+			path, major, minor, BindingAPIMajor, BindingAPIMinor, err)
+	}
+	return &Runtime{Plugin: plugin, Client: client, Path: path, APIMajor: major, APIMinor: minor}, nil
+}
+
+// ErrIncompatible reports a plugin the binding cannot drive.
+var ErrIncompatible = errors.New("PJRT plugin and binding are incompatible")
+
+// CheckVersion refuses plugins the gopjrt binding cannot work with: another
+// major version, or a minor version older than the binding's header (the
+// binding would fill struct fields the plugin does not know).
+func CheckVersion(major, minor int) error {
+	if major != BindingAPIMajor {
+		return fmt.Errorf("%w: plugin PJRT C API %d.%d, binding %d.%d (major versions differ): use a plugin built for API %d.x",
+			ErrIncompatible, major, minor, BindingAPIMajor, BindingAPIMinor, BindingAPIMajor)
+	}
+	if minor < BindingAPIMinor {
+		return fmt.Errorf("%w: plugin PJRT C API %d.%d is older than the binding's %d.%d: upgrade the plugin",
+			ErrIncompatible, major, minor, BindingAPIMajor, BindingAPIMinor)
+	}
+	return nil
+}
+
+// APIVersion formats the plugin's API version as "major.minor".
+func (r *Runtime) APIVersion() string { return fmt.Sprintf("%d.%d", r.APIMajor, r.APIMinor) }
+
+// PluginFile is the plugin's file name (for reports).
+func (r *Runtime) PluginFile() string { return filepath.Base(r.Path) }
+
+// Close destroys the client. The plugin itself stays loaded for the life of
+// the process, as dlopen-ed libraries do.
+func (r *Runtime) Close() error {
+	if r.Client == nil {
+		return nil
+	}
+	err := r.Client.Destroy()
+	r.Client = nil
+	if err != nil {
+		return fmt.Errorf("device: destroy client: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,158 @@
+// Package telemetry is the one place where recmesh binaries set up logging,
+// Prometheus metrics and OpenTelemetry tracing, so every process exposes the
+// same endpoints and honours the same OTEL_* environment variables.
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// Telemetry holds what one process reports through.
+type Telemetry struct {
+	Service  string
+	Log      *slog.Logger
+	Registry *prometheus.Registry
+	// Tracer is a no-op tracer unless tracing is configured, so that
+	// instrumented code costs nothing measurable when tracing is off.
+	Tracer         trace.TracerProvider
+	shutdownTracer func(context.Context) error
+}
+
+// Options configure New. The zero value is valid.
+type Options struct {
+	// Version is reported as the service.version resource attribute.
+	Version string
+	// SpanProcessor, if set, replaces the OTLP exporter (tests use an
+	// in-memory exporter).
+	SpanProcessor sdktrace.SpanProcessor
+	// LogLevel, default from RECMESH_LOG_LEVEL (debug|info|warn|error), else info.
+	LogLevel slog.Level
+}
+
+// New sets up logging, a registry with the Go and process collectors, and
+// tracing. Tracing is on when OTEL_TRACES_EXPORTER=otlp or an
+// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set, off otherwise or when
+// OTEL_SDK_DISABLED=true; the sampler follows OTEL_TRACES_SAMPLER(_ARG)
+// (default parentbased_always_on) through the SDK's own environment reading.
+func New(ctx context.Context, service string, opts Options) (*Telemetry, error) {
+	level := opts.LogLevel
+	if v := os.Getenv("RECMESH_LOG_LEVEL"); v != "" {
+		if err := level.UnmarshalText([]byte(v)); err != nil {
+			return nil, fmt.Errorf("telemetry: RECMESH_LOG_LEVEL=%q: want debug, info, warn or error", v)
+		}
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("service", service)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	t := &Telemetry{Service: service, Log: log, Registry: reg, Tracer: noop.NewTracerProvider()}
+
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	if opts.SpanProcessor == nil && !tracingConfigured() {
+		return t, nil
+	}
+	res, err := resource.Merge(resource.Default(), resource.NewWithAttributes(semconv.SchemaURL,
+		semconv.ServiceName(service), semconv.ServiceVersion(opts.Version)))
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: resource: %w", err)
+	}
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	if opts.SpanProcessor != nil {
+		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(opts.SpanProcessor))
+	} else {
+		exp, err := otlptracegrpc.New(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: OTLP exporter: %w", err)
+		}
+		tpOpts = append(tpOpts, sdktrace.WithBatcher(exp))
+	}
+	tp := sdktrace.NewTracerProvider(tpOpts...)
+	t.Tracer = tp
+	t.shutdownTracer = tp.Shutdown
+	otel.SetTracerProvider(tp)
+	log.Info("tracing on", "exporter", exporterName(opts))
+	return t, nil
+}
+
+func exporterName(opts Options) string {
+	if opts.SpanProcessor != nil {
+		return "custom"
+	}
+	return "otlp"
+}
+
+func tracingConfigured() bool {
+	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
+		return false
+	}
+	switch strings.ToLower(os.Getenv("OTEL_TRACES_EXPORTER")) {
+	case "none":
+		return false
+	case "otlp":
+		return true
+	}
+	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+}
+
+// Shutdown flushes pending spans.
+func (t *Telemetry) Shutdown(ctx context.Context) error {
+	if t.shutdownTracer == nil {
+		return nil
+	}
+	return t.shutdownTracer(ctx)
+}
+
+// ServeHTTP serves /metrics and /healthz on addr until ctx ends. ready
+// decides /healthz (nil = always healthy). It returns the bound address
+// once listening (addr may use port 0) and runs the server in the
+// background; the server stops when ctx is done.
+func (t *Telemetry) ServeHTTP(ctx context.Context, addr string, ready func() bool) (net.Addr, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: listen on metrics address %s (change --metrics-addr): %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(t.Registry, promhttp.HandlerOpts{Registry: t.Registry}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if ready != nil && !ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			t.Log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	return ln.Addr(), nil
+}

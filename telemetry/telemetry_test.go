@@ -1,0 +1,85 @@
+package telemetry
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+func TestServeHTTP(t *testing.T) {
+	t.Setenv("OTEL_TRACES_EXPORTER", "none")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tel, err := New(ctx, "test", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := false
+	addr, err := tel.ServeHTTP(ctx, "127.0.0.1:0", func() bool { return ready })
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr.String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/healthz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/healthz before ready = %d, want 503", code)
+	}
+	ready = true
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz when ready = %d, want 200", code)
+	}
+	code, body := get("/metrics")
+	if code != http.StatusOK || !strings.Contains(body, "go_goroutines") || !strings.Contains(body, "process_") {
+		t.Fatalf("/metrics = %d without the Go and process collectors", code)
+	}
+}
+
+func TestTracingOffIsNoop(t *testing.T) {
+	t.Setenv("OTEL_TRACES_EXPORTER", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	tel, err := New(context.Background(), "test", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tel.Tracer.Tracer("x").Start(context.Background(), "op")
+	if span.SpanContext().IsValid() || span.IsRecording() {
+		t.Fatal("tracing is off but a recording span was made")
+	}
+}
+
+func TestTracingWithProcessor(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tel, err := New(context.Background(), "test", Options{SpanProcessor: trace.NewSimpleSpanProcessor(exp)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tel.Tracer.Tracer("x").Start(context.Background(), "op")
+	span.End()
+	// The in-memory exporter forgets its spans on shutdown: read them first.
+	if got := exp.GetSpans(); len(got) != 1 || got[0].Name != "op" {
+		t.Fatalf("exported %d spans, want the one named op", len(got))
+	}
+	if err := tel.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBadLogLevel(t *testing.T) {
+	t.Setenv("RECMESH_LOG_LEVEL", "loud")
+	if _, err := New(context.Background(), "test", Options{}); err == nil || !strings.Contains(err.Error(), "RECMESH_LOG_LEVEL") {
+		t.Fatalf("err = %v, want one naming RECMESH_LOG_LEVEL", err)
+	}
+}
