@@ -1,0 +1,49 @@
+// Command accelerator owns the PJRT device of the mesh. Subcommands:
+//
+//	accelerator parity  compare every bucket with the plain-Go reference
+//	accelerator bench   examples/s of the compiled program per bucket
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string) error
+}
+
+var commands = map[string]command{
+	"parity": {"compare every bucket with the plain-Go reference", runParity},
+	"bench":  {"examples/s of the compiled program per bucket", runBench},
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: accelerator <command> [flags]")
+	for _, name := range []string{"parity", "bench"} {
+		fmt.Fprintf(os.Stderr, "  %-8s %s\n", name, commands[name].summary)
+	}
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	cmd, ok := commands[os.Args[1]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "accelerator: unknown command %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := cmd.run(ctx, os.Args[2:]); err != nil {
+		fmt.Fprintf(os.Stderr, "accelerator %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}

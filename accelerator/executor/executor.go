@@ -1,0 +1,289 @@
+// Package executor owns the compiled DCNv2 program of the accelerator: one
+// PJRT executable per power-of-two batch bucket, the dense weights uploaded
+// once as device buffers, and the host input regions the executables read.
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/gomlx/gopjrt/dtypes"
+	"github.com/gomlx/gopjrt/pjrt"
+
+	"github.com/recmesh/recmesh/accelerator/dcn"
+	"github.com/recmesh/recmesh/accelerator/device"
+	"github.com/recmesh/recmesh/model"
+)
+
+// DefaultMaxBatch is the largest bucket compiled by default.
+const DefaultMaxBatch = 4096
+
+// Options configure an Executor. The zero value of every field means its
+// default.
+type Options struct {
+	// MaxBatch is the largest batch; buckets are 1, 2, 4, … up to the first
+	// power of two ≥ MaxBatch. Default DefaultMaxBatch.
+	MaxBatch int
+	// CompileParallelism is how many buckets compile at once. Default
+	// GOMAXPROCS: the CPU plugin compiles on the calling thread.
+	CompileParallelism int
+	// Program tunes the StableHLO program. Default dcn.DefaultOptions().
+	Program *dcn.Options
+	// Log receives start-up information (compile times). Default: discard.
+	Log *slog.Logger
+}
+
+// Buckets returns the power-of-two buckets 1 … ≥maxBatch.
+func Buckets(maxBatch int) []int {
+	var out []int
+	for b := 1; ; b *= 2 {
+		out = append(out, b)
+		if b >= maxBatch {
+			return out
+		}
+	}
+}
+
+// Executor runs the DCNv2 program. Run calls are serialised: the device is
+// one, and the output staging buffer is shared.
+type Executor struct {
+	rt      *device.Runtime
+	cfg     model.Config
+	buckets []int
+	exes    []*pjrt.LoadedExecutable
+	params  []*pjrt.Buffer
+	// zeroCopy: the plugin reads host memory in place (CPU); otherwise the
+	// inputs are copied to the device per run.
+	zeroCopy bool
+
+	// CompileTime is the wall time to compile every bucket.
+	CompileTime time.Duration
+
+	mu     sync.Mutex
+	outBuf []byte
+	args   []*pjrt.Buffer
+}
+
+// ErrClosed is returned by Run after Close.
+var ErrClosed = errors.New("executor: closed")
+
+// New compiles the program for every bucket, uploads the dense weights of
+// bundle and checks the plugin with one run of the smallest bucket.
+func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Options) (*Executor, error) {
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = DefaultMaxBatch
+	}
+	if opts.CompileParallelism <= 0 {
+		opts.CompileParallelism = runtime.GOMAXPROCS(0)
+	}
+	prog := dcn.DefaultOptions()
+	if opts.Program != nil {
+		prog = *opts.Program
+	}
+	cfg := bundle.Config
+	e := &Executor{
+		rt:       rt,
+		cfg:      cfg,
+		buckets:  Buckets(opts.MaxBatch),
+		zeroCopy: rt.Client.Platform() == "cpu",
+	}
+	e.exes = make([]*pjrt.LoadedExecutable, len(e.buckets))
+	e.outBuf = make([]byte, e.MaxBucket()*4)
+
+	if err := e.uploadParams(bundle); err != nil {
+		e.Close()
+		return nil, err
+	}
+
+	start := time.Now()
+	sem := make(chan struct{}, opts.CompileParallelism)
+	errs := make([]error, len(e.buckets))
+	var wg sync.WaitGroup
+	for i, b := range e.buckets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				errs[i] = ctx.Err()
+				return
+			}
+			defer func() { <-sem }()
+			text, err := dcn.Build(cfg, b, prog)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			t0 := time.Now()
+			exe, err := rt.Client.Compile().WithStableHLO(text).Done()
+			if err != nil {
+				errs[i] = fmt.Errorf("executor: compile bucket %d: %w", b, err)
+				return
+			}
+			e.exes[i] = exe
+			if opts.Log != nil {
+				opts.Log.Debug("compiled bucket", "bucket", b, "seconds", time.Since(t0).Seconds())
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		e.Close()
+		return nil, err
+	}
+	e.CompileTime = time.Since(start)
+	if opts.Log != nil {
+		opts.Log.Info("compiled DCNv2", "buckets", len(e.buckets), "max_bucket", e.MaxBucket(),
+			"seconds", e.CompileTime.Seconds(), "zero_copy_inputs", e.zeroCopy)
+	}
+	if err := e.smoke(); err != nil {
+		e.Close()
+		return nil, fmt.Errorf("executor: plugin %s (PJRT API %s, binding %d.%d) cannot run the program: %w",
+			rt.PluginFile(), rt.APIVersion(), device.BindingAPIMajor, device.BindingAPIMinor, err)
+	}
+	return e, nil
+}
+
+func (e *Executor) uploadParams(bundle *model.Bundle) error {
+	specs := e.cfg.DenseParams()
+	e.params = make([]*pjrt.Buffer, len(specs))
+	for i, p := range specs {
+		data, err := bundle.Tensor(p.Name)
+		if err != nil {
+			return fmt.Errorf("executor: %w", err)
+		}
+		if int64(len(data)) != p.Elements() {
+			return fmt.Errorf("executor: tensor %s has %d values, want %d", p.Name, len(data), p.Elements())
+		}
+		buf, err := e.rt.Client.BufferFromHost().FromFlatDataWithDimensions(data, p.Shape).Done()
+		if err != nil {
+			return fmt.Errorf("executor: upload %s: %w", p.Name, err)
+		}
+		e.params[i] = buf
+	}
+	e.args = make([]*pjrt.Buffer, dcn.ArgParams+len(e.params))
+	copy(e.args[dcn.ArgParams:], e.params)
+	return nil
+}
+
+// smoke runs the smallest bucket once on zeros: a plugin whose ABI does not
+// match the binding fails here, at start-up, rather than on the first request.
+func (e *Executor) smoke() error {
+	in, err := e.NewHostInputs(1)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	scores := make([]float32, 1)
+	if err := e.Run(in, 1, scores); err != nil {
+		return err
+	}
+	if scores[0] != scores[0] || scores[0] < 0 || scores[0] > 1 {
+		return fmt.Errorf("smoke run gave score %v, want a value in [0,1]", scores[0])
+	}
+	return nil
+}
+
+// Buckets lists the compiled buckets in ascending order.
+func (e *Executor) Buckets() []int { return e.buckets }
+
+// MaxBucket is the largest compiled bucket.
+func (e *Executor) MaxBucket() int { return e.buckets[len(e.buckets)-1] }
+
+// BucketFor returns the smallest bucket ≥ n and its index.
+func (e *Executor) BucketFor(n int) (bucket, index int, err error) {
+	if n <= 0 || n > e.MaxBucket() {
+		return 0, 0, fmt.Errorf("executor: batch of %d examples outside 1..%d", n, e.MaxBucket())
+	}
+	for i, b := range e.buckets {
+		if b >= n {
+			return b, i, nil
+		}
+	}
+	panic("unreachable")
+}
+
+// Config is the model the program was built for.
+func (e *Executor) Config() model.Config { return e.cfg }
+
+// ZeroCopy reports whether inputs are read in place from host memory.
+func (e *Executor) ZeroCopy() bool { return e.zeroCopy }
+
+// Run executes n examples from in (dense rows [0,n) and pooled rows [0,n))
+// in the smallest bucket ≥ n and writes n scores. Rows n … bucket-1 of in
+// are padding: each output row of the network depends only on its own input
+// row, so whatever they hold never reaches scores.
+func (e *Executor) Run(in *Inputs, n int, scores []float32) error {
+	bucket, idx, err := e.BucketFor(n)
+	if err != nil {
+		return err
+	}
+	if n > in.rows {
+		return fmt.Errorf("executor: batch of %d examples exceeds the input region's %d rows", n, in.rows)
+	}
+	if len(scores) < n {
+		return fmt.Errorf("executor: scores has room for %d, need %d", len(scores), n)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.exes == nil {
+		return ErrClosed
+	}
+	var dense, pooled *pjrt.Buffer
+	if e.zeroCopy {
+		dense, pooled = in.views[idx][0], in.views[idx][1]
+	} else {
+		if dense, pooled, err = in.copyToDevice(e.rt.Client, e.cfg, bucket); err != nil {
+			return err
+		}
+		defer dense.Destroy()
+		defer pooled.Destroy()
+	}
+	e.args[dcn.ArgDense], e.args[dcn.ArgPooled] = dense, pooled
+	outs, err := e.exes[idx].Execute(e.args...).DonateNone().Done()
+	e.args[dcn.ArgDense], e.args[dcn.ArgPooled] = nil, nil
+	if err != nil {
+		return fmt.Errorf("executor: execute bucket %d: %w", bucket, err)
+	}
+	defer func() {
+		for _, o := range outs {
+			o.Destroy()
+		}
+	}()
+	if len(outs) != 1 {
+		return fmt.Errorf("executor: bucket %d returned %d outputs, want 1", bucket, len(outs))
+	}
+	if err := outs[0].ToHost(e.outBuf[:bucket*4]); err != nil {
+		return fmt.Errorf("executor: read scores of bucket %d: %w", bucket, err)
+	}
+	copy(scores[:n], unsafe.Slice((*float32)(unsafe.Pointer(&e.outBuf[0])), n))
+	return nil
+}
+
+// Close releases the executables and the weights.
+func (e *Executor) Close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, x := range e.exes {
+		if x != nil {
+			x.Destroy()
+		}
+	}
+	e.exes = nil
+	for _, p := range e.params {
+		if p != nil {
+			p.Destroy()
+		}
+	}
+	e.params = nil
+}
+
+// dtype of every tensor of the program.
+const f32 = dtypes.Float32

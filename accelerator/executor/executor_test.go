@@ -1,0 +1,196 @@
+package executor_test
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/recmesh/recmesh/accelerator/device"
+	"github.com/recmesh/recmesh/accelerator/executor"
+	"github.com/recmesh/recmesh/accelerator/parity"
+	"github.com/recmesh/recmesh/model"
+)
+
+// The compiled executor is shared by the tests of this package: compiling
+// thirteen buckets is the slow part, and every test only reads it.
+var (
+	shared     sharedState
+	sharedOnce sync.Once
+)
+
+type sharedState struct {
+	ex     *executor.Executor
+	rt     *device.Runtime
+	bundle *model.Bundle
+	ref    *model.Reference
+	err    error
+}
+
+func setup(t *testing.T) sharedState {
+	t.Helper()
+	if _, err := device.FindPlugin(""); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI needs the PJRT plugin: %v", err)
+		}
+		t.Skipf("no PJRT plugin (run make deps): %v", err)
+	}
+	sharedOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "recmesh-executor-test-")
+		if err != nil {
+			shared.err = err
+			return
+		}
+		if err := model.Export(context.Background(), dir, model.DLRMv2(model.DevVocabCap), 3, nil); err != nil {
+			shared.err = err
+			return
+		}
+		if shared.bundle, err = model.Open(dir); err != nil {
+			shared.err = err
+			return
+		}
+		if shared.ref, err = model.NewReference(shared.bundle); err != nil {
+			shared.err = err
+			return
+		}
+		if shared.rt, err = device.Open("", nil); err != nil {
+			shared.err = err
+			return
+		}
+		shared.ex, shared.err = executor.New(context.Background(), shared.rt, shared.bundle, executor.Options{})
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared
+}
+
+func TestBuckets(t *testing.T) {
+	got := executor.Buckets(4096)
+	if len(got) != 13 || got[0] != 1 || got[12] != 4096 {
+		t.Fatalf("Buckets(4096) = %v, want 1..4096 (13 buckets)", got)
+	}
+	if got := executor.Buckets(100); got[len(got)-1] != 128 {
+		t.Fatalf("Buckets(100) ends at %d, want 128", got[len(got)-1])
+	}
+}
+
+// TestParityEveryBucket runs every bucket full and compares it with the
+// float64 reference.
+func TestParityEveryBucket(t *testing.T) {
+	s := setup(t)
+	in, err := s.ex.NewHostInputs(s.ex.MaxBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	for i, b := range s.ex.Buckets() {
+		res, err := parity.Bucket(s.ex, s.ref, in, b, uint64(100+i))
+		if err != nil {
+			t.Fatalf("bucket %d: %v", b, err)
+		}
+		if res.MaxAbsDiff > 1e-4 {
+			t.Errorf("bucket %d: max|Δ| = %g > 1e-4", b, res.MaxAbsDiff)
+		}
+	}
+}
+
+// TestPaddingNeverLeaks runs partial batches whose padding rows hold NaN:
+// parity.Bucket reports a NaN difference as +Inf, so any leak fails.
+func TestPaddingNeverLeaks(t *testing.T) {
+	s := setup(t)
+	in, err := s.ex.NewHostInputs(s.ex.MaxBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	for _, n := range []int{1, 3, 5, 17, 100, 129, 1000, 2049} {
+		res, err := parity.Bucket(s.ex, s.ref, in, n, uint64(n))
+		if err != nil {
+			t.Fatalf("n=%d: %v", n, err)
+		}
+		if res.Bucket < n || res.Bucket >= 2*n && n > 1 {
+			t.Errorf("n=%d ran in bucket %d, want the smallest power of two ≥ n", n, res.Bucket)
+		}
+		if res.MaxAbsDiff > 1e-4 {
+			t.Errorf("n=%d (bucket %d): max|Δ| = %g; padding leaked or parity broke", n, res.Bucket, res.MaxAbsDiff)
+		}
+	}
+}
+
+// TestRunIsRepeatable checks that buffers reused across runs give the same
+// scores for the same inputs, and different rows give different scores.
+func TestRunIsRepeatable(t *testing.T) {
+	s := setup(t)
+	in, err := s.ex.NewHostInputs(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	dense, sparse := model.RandomInputs(s.ex.Config(), 9, 64)
+	copy(in.Dense(), dense)
+	if err := s.ref.Pool(sparse, 64, in.Pooled()); err != nil {
+		t.Fatal(err)
+	}
+	a := make([]float32, 64)
+	b := make([]float32, 64)
+	if err := s.ex.Run(in, 64, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ex.Run(in, 64, b); err != nil {
+		t.Fatal(err)
+	}
+	distinct := map[float32]bool{}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("row %d: %v then %v on identical inputs", i, a[i], b[i])
+		}
+		distinct[a[i]] = true
+	}
+	if len(distinct) < 32 {
+		t.Fatalf("only %d distinct scores over 64 random examples", len(distinct))
+	}
+}
+
+func TestRunRejectsBadSizes(t *testing.T) {
+	s := setup(t)
+	in, err := s.ex.NewHostInputs(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	scores := make([]float32, 16)
+	for _, n := range []int{0, -1, 9, s.ex.MaxBucket() + 1} {
+		if err := s.ex.Run(in, n, scores); err == nil {
+			t.Errorf("Run(n=%d) on an 8-row region succeeded, want an error", n)
+		}
+	}
+	if err := s.ex.Run(in, 8, scores[:4]); err == nil {
+		t.Error("Run with a 4-score output for 8 rows succeeded, want an error")
+	}
+}
+
+func TestSampleRows(t *testing.T) {
+	rows := parity.SampleRows(4096, 64)
+	if len(rows) != 64 || rows[0] != 0 || rows[63] != 4095 {
+		t.Fatalf("SampleRows(4096,64) = %v…, want 64 rows from 0 to 4095", rows[:3])
+	}
+	if got := parity.SampleRows(5, 64); len(got) != 5 {
+		t.Fatalf("SampleRows(5,64) has %d rows, want 5", len(got))
+	}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared.ex != nil {
+		shared.ex.Close()
+	}
+	if shared.rt != nil {
+		shared.rt.Close()
+	}
+	if shared.bundle != nil {
+		os.RemoveAll(shared.bundle.Dir)
+		shared.bundle.Close()
+	}
+	os.Exit(code)
+}

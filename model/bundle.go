@@ -1,0 +1,328 @@
+package model
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Bundle file names inside a bundle directory.
+const (
+	ConfigFile  = "config.json"
+	WeightsFile = "model.safetensors"
+)
+
+// Bundle is an open weights bundle: config.json parsed and validated, and
+// model.safetensors mapped read-only and shared, so every process that opens
+// the same bundle shares one copy in the page cache.
+//
+// Slices returned by Tensor, Table and Param are views into the mapping:
+// they are read-only (a write faults) and valid only until Close. The
+// methods other than Close are safe for concurrent use; Close must wait
+// until every user of the bundle and its views is done.
+type Bundle struct {
+	// Config is the bundle's config.json.
+	Config Config
+	// Dir is the directory the bundle was opened from.
+	Dir string
+
+	mapping []byte               // the whole of model.safetensors; nil once closed
+	tensors map[string][]float32 // every tensor, by name
+	meta    map[string]string    // the header's __metadata__ (may be nil)
+}
+
+// Open maps dir/model.safetensors read-only (mmap, MAP_SHARED, PROT_READ)
+// and validates it against dir/config.json: every tensor the config names
+// must be present with dtype F32, the right shape and data inside the file,
+// no other tensor may be present, tensors may not overlap, and the dense
+// parameters must be finite. Tensors may be stored in any order, with or
+// without gaps; one whose data is not 4-byte aligned in the file is copied
+// to the heap (the only copy Open makes), so a bundle written by another
+// safetensors writer still opens.
+func Open(dir string) (*Bundle, error) {
+	b, err := open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model: open bundle %s: %w", dir, err)
+	}
+	return b, nil
+}
+
+func open(dir string) (*Bundle, error) {
+	cfg, err := readConfig(filepath.Join(dir, ConfigFile))
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, WeightsFile)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close() // the mapping outlives the descriptor
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	size := fi.Size()
+	if size < headerLenBytes {
+		return nil, fmt.Errorf("%s: %w: file is %d bytes, shorter than the %d-byte header length", WeightsFile, ErrCorrupt, size, headerLenBytes)
+	}
+	if size != int64(int(size)) {
+		return nil, fmt.Errorf("%s: %d bytes do not fit this address space", WeightsFile, size)
+	}
+	mapping, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("%s: mmap: %w", WeightsFile, err)
+	}
+	b := &Bundle{Config: cfg, Dir: dir, mapping: mapping}
+	if err := b.load(); err != nil {
+		unix.Munmap(mapping)
+		return nil, fmt.Errorf("%s: %w", WeightsFile, err)
+	}
+	return b, nil
+}
+
+// readConfig reads and validates config.json.
+func readConfig(path string) (Config, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, err
+	}
+	var cfg Config
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return Config{}, fmt.Errorf("%s: %w: not a model config: %v", ConfigFile, ErrCorrupt, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("%s: %w", ConfigFile, err)
+	}
+	return cfg, nil
+}
+
+// load parses the mapped file's header, checks it against b.Config and
+// builds the tensor views.
+func (b *Bundle) load() error {
+	h, err := parseHeader(b.mapping)
+	if err != nil {
+		return err
+	}
+	b.meta = h.meta
+	if err := checkSeed(b.Config, h.meta); err != nil {
+		return err
+	}
+	specs := bundleSpecs(b.Config)
+	places, err := checkTensors(specs, h, int64(len(b.mapping)))
+	if err != nil {
+		return err
+	}
+	b.tensors = make(map[string][]float32, len(places))
+	for _, p := range places {
+		b.tensors[p.spec.Name] = floatView(b.mapping[h.dataStart+p.begin : h.dataStart+p.end])
+	}
+	// Tables are too big to scan on every open; the dense parameters are a
+	// few tens of MB and a NaN there would poison every score.
+	for _, s := range b.Config.DenseParams() {
+		if i, v, ok := firstNonFinite(b.tensors[s.Name]); ok {
+			return fmt.Errorf("%w: tensor %q: element %d is %v", ErrCorrupt, s.Name, i, v)
+		}
+	}
+	return nil
+}
+
+// checkSeed refuses a model.safetensors exported with another seed than the
+// config.json beside it says: the shapes would match, the weights would not.
+// Files from other writers carry no recmesh metadata and are not checked.
+func checkSeed(cfg Config, meta map[string]string) error {
+	if meta["format"] != FormatName {
+		return nil
+	}
+	s, ok := meta["seed"]
+	if !ok {
+		return nil
+	}
+	seed, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("%w: metadata seed %q is not a number", ErrCorrupt, s)
+	}
+	if seed != cfg.Seed {
+		return fmt.Errorf("%w: weights were exported with seed %d, %s says seed %d", ErrMismatch, seed, ConfigFile, cfg.Seed)
+	}
+	return nil
+}
+
+// checkTensors matches the header against specs and returns each spec's
+// byte range in the data section, in specs order.
+func checkTensors(specs []ParamSpec, h *fileHeader, fileSize int64) ([]placed, error) {
+	want := make(map[string]bool, len(specs))
+	for _, s := range specs {
+		want[s.Name] = true
+	}
+	var extra []string
+	for name := range h.tensors {
+		if !want[name] {
+			extra = append(extra, name)
+		}
+	}
+	if len(extra) > 0 {
+		slices.Sort(extra)
+		return nil, fmt.Errorf("%w: unexpected tensor %q (not in %s; %d unexpected in all)", ErrMismatch, extra[0], ConfigFile, len(extra))
+	}
+	dataLen := fileSize - h.dataStart
+	places := make([]placed, len(specs))
+	for i, s := range specs {
+		info, ok := h.tensors[s.Name]
+		if !ok {
+			return nil, fmt.Errorf("%w: tensor %q is missing", ErrMismatch, s.Name)
+		}
+		if info.Dtype != dtypeF32 {
+			return nil, fmt.Errorf("%w: tensor %q has dtype %s, want %s", ErrMismatch, s.Name, info.Dtype, dtypeF32)
+		}
+		if !sameShape(info.Shape, s.Shape) {
+			return nil, fmt.Errorf("%w: tensor %q has shape %v, want %v", ErrMismatch, s.Name, info.Shape, s.Shape)
+		}
+		if len(info.DataOffsets) != 2 {
+			return nil, fmt.Errorf("%w: tensor %q: data_offsets %v is not [begin, end]", ErrCorrupt, s.Name, info.DataOffsets)
+		}
+		begin, end := info.DataOffsets[0], info.DataOffsets[1]
+		need := s.Elements() * 4
+		if begin < 0 || end < begin || end-begin != need {
+			return nil, fmt.Errorf("%w: tensor %q: data_offsets [%d, %d] hold %d bytes, shape %v of %s needs %d",
+				ErrCorrupt, s.Name, begin, end, end-begin, s.Shape, dtypeF32, need)
+		}
+		if end > dataLen {
+			return nil, fmt.Errorf("%w: tensor %q: data_offsets end %d is past the %d-byte data section (truncated file?)",
+				ErrCorrupt, s.Name, end, dataLen)
+		}
+		places[i] = placed{spec: s, begin: begin, end: end}
+	}
+	byOffset := slices.Clone(places)
+	slices.SortFunc(byOffset, func(a, b placed) int { return cmp.Compare(a.begin, b.begin) })
+	for i := 1; i < len(byOffset); i++ {
+		prev, cur := byOffset[i-1], byOffset[i]
+		if cur.begin < prev.end {
+			return nil, fmt.Errorf("%w: tensor %q [%d, %d) overlaps tensor %q [%d, %d)",
+				ErrCorrupt, cur.spec.Name, cur.begin, cur.end, prev.spec.Name, prev.begin, prev.end)
+		}
+	}
+	return places, nil
+}
+
+func sameShape(got []int64, want []int) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i := range got {
+		if got[i] != int64(want[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// littleEndian reports whether this machine stores float32 as safetensors
+// does, so a mapped tensor can be read in place.
+func littleEndian() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}
+
+// floatView returns raw (little-endian float32s) as a []float32: a view into
+// the mapping when raw is 4-byte aligned, else (a file from a writer that
+// does not align, or a big-endian machine) a decoded heap copy.
+func floatView(raw []byte) []float32 {
+	n := len(raw) / 4
+	if n == 0 {
+		return []float32{}
+	}
+	if littleEndian() && uintptr(unsafe.Pointer(&raw[0]))%4 == 0 {
+		return unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), n)
+	}
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = math.Float32frombits(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24)
+	}
+	return out
+}
+
+func firstNonFinite(v []float32) (int, float32, bool) {
+	for i, x := range v {
+		// x-x is NaN exactly when x is NaN or ±Inf.
+		if x-x != 0 {
+			return i, x, true
+		}
+	}
+	return 0, 0, false
+}
+
+// Close unmaps the weights. Views returned earlier must not be used after
+// it. Closing twice is a no-op.
+func (b *Bundle) Close() error {
+	if b.mapping == nil {
+		return nil
+	}
+	m := b.mapping
+	b.mapping, b.tensors = nil, nil
+	if err := unix.Munmap(m); err != nil {
+		return fmt.Errorf("model: close bundle %s: %w", b.Dir, err)
+	}
+	return nil
+}
+
+// Tensor returns the named tensor as a zero-copy view into the mapping.
+func (b *Bundle) Tensor(name string) ([]float32, error) {
+	if b.mapping == nil {
+		return nil, fmt.Errorf("model: tensor %q: %w", name, ErrClosed)
+	}
+	t, ok := b.tensors[name]
+	if !ok {
+		return nil, fmt.Errorf("model: tensor %q: %w in bundle %s", name, ErrNoTensor, b.Dir)
+	}
+	return t[:len(t):len(t)], nil
+}
+
+// Table returns embedding table i, row-major [vocab_i, dim]. It panics if i
+// is not a table index or the bundle is closed (programmer errors).
+func (b *Bundle) Table(i int) []float32 {
+	return b.mustTensor(TableName(i))
+}
+
+// Param returns the named dense parameter (see Config.DenseParams). It
+// panics if the name is unknown or the bundle is closed (programmer
+// errors); use Tensor for names that come from input.
+func (b *Bundle) Param(name string) []float32 {
+	return b.mustTensor(name)
+}
+
+func (b *Bundle) mustTensor(name string) []float32 {
+	t, err := b.Tensor(name)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// Metadata returns a copy of the safetensors __metadata__ map (nil when the
+// file has none). Export writes "format" and "seed".
+func (b *Bundle) Metadata() map[string]string {
+	return maps.Clone(b.meta)
+}
+
+// Advise applies madvise(2) advice (for example unix.MADV_SEQUENTIAL before
+// a bulk copy, unix.MADV_DONTNEED after it to drop the pages) to the whole
+// mapping.
+func (b *Bundle) Advise(advice int) error {
+	if b.mapping == nil {
+		return fmt.Errorf("model: advise bundle %s: %w", b.Dir, ErrClosed)
+	}
+	if err := unix.Madvise(b.mapping, advice); err != nil {
+		return fmt.Errorf("model: advise bundle %s: madvise %d: %w", b.Dir, advice, err)
+	}
+	return nil
+}
