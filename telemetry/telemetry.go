@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -123,13 +124,15 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 
 // ServeHTTP serves /metrics and /healthz on addr until ctx ends. ready
 // decides /healthz (nil = always healthy). It returns the bound address
-// once listening (addr may use port 0) and runs the server in the
-// background; the server stops when ctx is done.
+// once listening and runs the server in the background; the server stops
+// when ctx is done. addr may use port 0, or a port range "host:9110-9125"
+// meaning the first free port of the range: frontend replicas share one
+// network namespace, and a range lets Prometheus find them all statically.
 func (t *Telemetry) ServeHTTP(ctx context.Context, addr string, ready func() bool) (net.Addr, error) {
 	if addr == "" {
 		return nil, nil
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := ListenRange(addr)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: listen on metrics address %s (change --metrics-addr): %w", addr, err)
 	}
@@ -155,4 +158,31 @@ func (t *Telemetry) ServeHTTP(ctx context.Context, addr string, ready func() boo
 		_ = srv.Shutdown(sctx)
 	}()
 	return ln.Addr(), nil
+}
+
+// ListenRange listens on addr, where the port may be a range "lo-hi": the
+// first port of the range that is free is used.
+func ListenRange(addr string) (net.Listener, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	lo, hi, isRange := strings.Cut(port, "-")
+	if !isRange {
+		return net.Listen("tcp", addr)
+	}
+	first, err1 := strconv.Atoi(lo)
+	last, err2 := strconv.Atoi(hi)
+	if err1 != nil || err2 != nil || first <= 0 || last < first || last > 65535 {
+		return nil, fmt.Errorf("port range %q: want lo-hi with 0 < lo <= hi <= 65535", port)
+	}
+	var lastErr error
+	for p := first; p <= last; p++ {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err == nil {
+			return ln, nil
+		}
+		lastErr = err
+	}
+	return nil, fmt.Errorf("no free port in %d-%d: %w", first, last, lastErr)
 }

@@ -2,6 +2,9 @@ package telemetry
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"strconv"
 	"io"
 	"net/http"
 	"strings"
@@ -81,5 +84,36 @@ func TestBadLogLevel(t *testing.T) {
 	t.Setenv("RECMESH_LOG_LEVEL", "loud")
 	if _, err := New(context.Background(), "test", Options{}); err == nil || !strings.Contains(err.Error(), "RECMESH_LOG_LEVEL") {
 		t.Fatalf("err = %v, want one naming RECMESH_LOG_LEVEL", err)
+	}
+}
+
+func TestListenRange(t *testing.T) {
+	a, err := ListenRange("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	// Find two consecutive free ports, occupy the first, and check the
+	// range gives the second.
+	_, p, _ := net.SplitHostPort(a.Addr().String())
+	port, _ := strconv.Atoi(p)
+	a.Close()
+	first, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Skipf("port %d taken again: %v", port, err)
+	}
+	defer first.Close()
+	ln, err := ListenRange(fmt.Sprintf("127.0.0.1:%d-%d", port, port+5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if got := ln.Addr().(*net.TCPAddr).Port; got <= port || got > port+5 {
+		t.Fatalf("range %d-%d with %d taken bound %d", port, port+5, port, got)
+	}
+	for _, bad := range []string{"127.0.0.1:9-1", "127.0.0.1:a-b", "127.0.0.1:0-70000"} {
+		if _, err := ListenRange(bad); err == nil {
+			t.Errorf("ListenRange(%q) succeeded", bad)
+		}
 	}
 }
