@@ -1,5 +1,7 @@
 package model
 
+import "fmt"
+
 // StagingAlign is the alignment of every array in a staging region: PJRT
 // reads the region in place on the CPU plugin, and XLA wants 64-byte aligned
 // buffers; 4096 keeps each array on its own pages.
@@ -30,3 +32,35 @@ func (c Config) Staging(rows int) StagingLayout {
 }
 
 func alignUp(n, a int) int { return (n + a - 1) / a * a }
+
+// RequestLayout is how a frontend lays out the payload of one request in
+// its lane arena and the embedder reads it: dense [n, NumDense] float32 at
+// offset 0, then the ids [n, SparseWidth] int32 at SparseOffset, both
+// native-endian.
+type RequestLayout struct {
+	Examples     int
+	SparseOffset int
+	Size         int
+}
+
+// Request returns the payload layout of a request of n examples.
+func (c Config) Request(n int) RequestLayout {
+	dense := n * c.NumDense * 4
+	return RequestLayout{Examples: n, SparseOffset: dense, Size: dense + n*c.SparseWidth()*4}
+}
+
+// ID names a model in segment headers, so an accelerator built for one
+// bundle never attaches to an embedder serving another.
+func (c Config) ID() string {
+	return fmt.Sprintf("%s-cap%d-seed%d", c.Name, c.MaxVocabSize, c.Seed)
+}
+
+// PowerOfTwoCeil is the smallest power of two ≥ n (1 for n ≤ 1): the batch
+// bucket that holds n examples.
+func PowerOfTwoCeil(n int) int {
+	b := 1
+	for b < n {
+		b *= 2
+	}
+	return b
+}

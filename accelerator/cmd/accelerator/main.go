@@ -1,5 +1,6 @@
 // Command accelerator owns the PJRT device of the mesh. Subcommands:
 //
+//	accelerator serve   attach to the embedder's segment and run its batches
 //	accelerator parity  compare every bucket with the plain-Go reference
 //	accelerator bench   examples/s of the compiled program per bucket
 package main
@@ -18,13 +19,14 @@ type command struct {
 }
 
 var commands = map[string]command{
+	"serve":  {"attach to the embedder's segment and run its batches", runServe},
 	"parity": {"compare every bucket with the plain-Go reference", runParity},
 	"bench":  {"examples/s of the compiled program per bucket", runBench},
 }
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: accelerator <command> [flags]")
-	for _, name := range []string{"parity", "bench"} {
+	for _, name := range []string{"serve", "parity", "bench"} {
 		fmt.Fprintf(os.Stderr, "  %-8s %s\n", name, commands[name].summary)
 	}
 }

@@ -1,0 +1,309 @@
+// Package server is the accelerator's serving loop: it attaches to the
+// embedder's current segment generation, reads batches from the batch ring,
+// runs each through the executor straight from its staging buffer, writes
+// the scores into each request's lane arena and completes it. When a
+// generation ends (embedder dead, draining or replaced) it re-attaches to
+// the next one.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+	"unsafe"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/recmesh/recmesh/accelerator/executor"
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/shm"
+)
+
+// Defaults for Options.
+const (
+	DefaultSegment = "recmesh"
+	attachRetry    = 50 * time.Millisecond
+)
+
+// Options configure a Server.
+type Options struct {
+	// ShmDir and Segment name the embedder's segment file.
+	ShmDir, Segment string
+	// Executor runs the program; its model must be the embedder's.
+	Executor *executor.Executor
+	Log      *slog.Logger
+	Registry prometheus.Registerer
+}
+
+// Server serves batches of one embedder.
+type Server struct {
+	opts Options
+	ex   *executor.Executor
+	cfg  model.Config
+	log  *slog.Logger
+	m    *metrics
+
+	scores []float32
+	gen    uint64 // attached generation, 0 when none (read by status)
+}
+
+// New checks the options.
+func New(opts Options) (*Server, error) {
+	if opts.Executor == nil {
+		return nil, errors.New("accelerator: server needs an executor")
+	}
+	if opts.ShmDir == "" {
+		opts.ShmDir = shm.DefaultDir
+	}
+	if opts.Segment == "" {
+		opts.Segment = DefaultSegment
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{
+		opts:   opts,
+		ex:     opts.Executor,
+		cfg:    opts.Executor.Config(),
+		log:    opts.Log,
+		m:      newMetrics(opts.Registry, opts.Executor.Buckets()),
+		scores: make([]float32, opts.Executor.MaxBucket()),
+	}
+	return s, nil
+}
+
+// Path is the segment file the server attaches to.
+func (s *Server) Path() string { return filepath.Join(s.opts.ShmDir, s.opts.Segment) }
+
+// Generation is the attached generation (0 when detached).
+func (s *Server) Generation() uint64 { return s.gen }
+
+// Run attaches and serves until ctx is done.
+func (s *Server) Run(ctx context.Context) error {
+	waiting := false
+	for ctx.Err() == nil {
+		seg, err := s.attach()
+		if err != nil {
+			if !waiting {
+				s.log.Info("waiting for the embedder's segment", "path", s.Path(), "reason", err)
+				waiting = true
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(attachRetry):
+			}
+			continue
+		}
+		waiting = false
+		s.gen = seg.Generation()
+		s.m.generation.Set(float64(s.gen))
+		s.log.Info("attached", "path", seg.Path(), "generation", s.gen)
+		err = s.serve(ctx, seg)
+		s.gen = 0
+		seg.DetachAccelerator()
+		_ = seg.Close()
+		if ctx.Err() != nil {
+			break
+		}
+		s.log.Warn("generation ended; re-attaching", "generation", seg.Generation(), "reason", err)
+	}
+	return nil
+}
+
+// attach opens the current generation and registers as its accelerator.
+func (s *Server) attach() (*shm.Segment, error) {
+	seg, err := shm.Attach(s.Path(), shm.AttachOptions{ModelID: s.cfg.ID()})
+	if err != nil {
+		return nil, err
+	}
+	g := seg.Geometry()
+	if model.PowerOfTwoCeil(g.MaxExamples) > s.ex.MaxBucket() {
+		seg.Close()
+		return nil, fmt.Errorf("segment max batch %d exceeds the compiled buckets (up to %d): raise the accelerator's --max-batch", g.MaxExamples, s.ex.MaxBucket())
+	}
+	if need := s.cfg.Staging(model.PowerOfTwoCeil(g.MaxExamples)).Size; g.StagingBytes < need {
+		seg.Close()
+		return nil, fmt.Errorf("segment staging buffers of %d bytes, need %d", g.StagingBytes, need)
+	}
+	if err := seg.SetAccelerator(os.Getpid()); err != nil {
+		seg.Close()
+		return nil, err
+	}
+	return seg, nil
+}
+
+// serve runs one generation's batches.
+func (s *Server) serve(ctx context.Context, seg *shm.Segment) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = seg.AcceleratorHeartbeat(ctx, 0) }()
+
+	g := seg.Geometry()
+	writers := make([]*shm.CompletionWriter, g.Lanes)
+	for i := range writers {
+		w, err := seg.CompletionWriter(i)
+		if err != nil {
+			return err
+		}
+		writers[i] = w
+	}
+	rows := model.PowerOfTwoCeil(g.MaxExamples)
+	inputs := make([]*executor.Inputs, g.StagingCount)
+	defer func() {
+		for _, in := range inputs {
+			if in != nil {
+				in.Close()
+			}
+		}
+	}()
+	touched := make([]bool, g.Lanes)
+	reader := seg.BatchReader()
+	for {
+		b, err := reader.Wait(ctx)
+		if err != nil {
+			if errors.Is(err, shm.ErrCorrupt) {
+				s.log.Warn("dropped a corrupt batch descriptor", "err", err)
+				continue
+			}
+			return err
+		}
+		if inputs[b.Staging] == nil {
+			in, err := s.ex.NewInputs(b.Data, rows)
+			if err != nil {
+				return fmt.Errorf("accelerator: wrap staging %d: %w", b.Staging, err)
+			}
+			inputs[b.Staging] = in
+		}
+		s.runBatch(reader, b, inputs[b.Staging], writers, touched)
+		if err := reader.Done(b); err != nil {
+			return err
+		}
+		// The embedder's zero-wait merger seals its open batch when the
+		// device frees up: tell it now rather than at its next tick.
+		seg.EmbedderBell().Ring()
+	}
+}
+
+// runBatch executes one batch and completes every request it carries.
+func (s *Server) runBatch(reader *shm.BatchReader, b shm.Batch, in *executor.Inputs, writers []*shm.CompletionWriter, touched []bool) {
+	n := b.Examples
+	runStatus := shm.StatusOK
+	if n > 0 {
+		start := time.Now()
+		if err := s.ex.Run(in, n, s.scores); err != nil {
+			s.log.Error("execute", "examples", n, "err", err)
+			runStatus = shm.StatusInternal
+		} else {
+			bucket, idx, _ := s.ex.BucketFor(n)
+			s.m.execute[idx].Observe(time.Since(start).Seconds())
+			s.m.runs[idx].Inc()
+			s.m.batch.Observe(float64(n))
+			s.m.padding.Observe(float64(bucket-n) / float64(bucket))
+		}
+	}
+	for i := 0; i < b.Entries; i++ {
+		e, err := reader.Entry(b, i)
+		if err != nil {
+			s.log.Warn("bad batch entry", "batch", b.Seq, "entry", i, "err", err)
+			continue
+		}
+		if e.Lane < 0 || e.Lane >= len(writers) {
+			continue
+		}
+		w := writers[e.Lane]
+		status := e.Status
+		if status == shm.StatusOK {
+			status = runStatus
+		}
+		if status == shm.StatusOK {
+			status = s.writeScores(w, e, n)
+		}
+		c := shm.Completion{Slot: e.Slot, Epoch: e.Epoch, Status: status, Examples: e.Rows}
+		if status != shm.StatusOK {
+			c.Examples = 0
+		}
+		if err := w.Add(c); err != nil {
+			// A stale epoch: the lane changed hands; nobody waits for it.
+			continue
+		}
+		touched[e.Lane] = true
+	}
+	for i, t := range touched {
+		if t {
+			writers[i].Flush()
+			touched[i] = false
+		}
+	}
+}
+
+// writeScores copies an entry's rows of the batch's scores into its slot.
+func (s *Server) writeScores(w *shm.CompletionWriter, e shm.BatchEntry, n int) uint32 {
+	if e.Rows <= 0 || e.FirstRow < 0 || e.FirstRow+e.Rows > n {
+		return shm.StatusInternal
+	}
+	dst, err := w.Scores(e.Slot, e.Epoch)
+	if err != nil {
+		if errors.Is(err, shm.ErrStaleEpoch) {
+			return shm.StatusUnavailable
+		}
+		return shm.StatusInternal
+	}
+	if len(dst) != 4*e.Rows {
+		return shm.StatusInternal
+	}
+	src := s.scores[e.FirstRow : e.FirstRow+e.Rows]
+	copy(dst, unsafe.Slice((*byte)(unsafe.Pointer(&src[0])), 4*e.Rows))
+	return shm.StatusOK
+}
+
+// metrics are the accelerator's Prometheus series.
+type metrics struct {
+	execute    []prometheus.Observer
+	runs       []prometheus.Counter
+	batch      prometheus.Histogram
+	padding    prometheus.Histogram
+	generation prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, buckets []int) *metrics {
+	exec := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "recmesh_accelerator_execute_seconds",
+		Help:    "Device time of one program run, by bucket.",
+		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
+	}, []string{"bucket"})
+	runs := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "recmesh_accelerator_runs_total",
+		Help: "Program runs, by bucket.",
+	}, []string{"bucket"})
+	m := &metrics{
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "recmesh_accelerator_batch_examples",
+			Help:    "Real (unpadded) examples per program run.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 13),
+		}),
+		padding: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "recmesh_accelerator_padding_ratio",
+			Help:    "Fraction of each run's bucket that was padding.",
+			Buckets: prometheus.LinearBuckets(0, 0.1, 10),
+		}),
+		generation: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "recmesh_accelerator_generation",
+			Help: "Segment generation attached to (0 when detached).",
+		}),
+	}
+	for _, b := range buckets {
+		l := strconv.Itoa(b)
+		m.execute = append(m.execute, exec.WithLabelValues(l))
+		m.runs = append(m.runs, runs.WithLabelValues(l))
+	}
+	reg.MustRegister(exec, runs, m.batch, m.padding, m.generation)
+	return m
+}

@@ -1,0 +1,256 @@
+// Command frontend runs one recmesh frontend process: the Open Inference
+// Protocol v2 gRPC server in front of a model backend. Run N of them on one
+// port (SO_REUSEPORT) to scale; SIGTERM drains gracefully.
+//
+// Every flag has an environment twin (shown in -help); a flag given on the
+// command line wins over its twin.
+//
+// Backends:
+//
+//	reference  scores in-process with the plain-Go reference forward pass
+//	           over --bundle: the development and test backend (real
+//	           scores, tens of milliseconds per example), not for production
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/recmesh/recmesh/frontend"
+	"github.com/recmesh/recmesh/frontend/internal/refbackend"
+	"github.com/recmesh/recmesh/frontend/internal/shmbackend"
+	"github.com/recmesh/recmesh/shm"
+	"github.com/recmesh/recmesh/model"
+)
+
+// Defaults that are the command's own; the rest come from package frontend.
+const (
+	defaultBundle  = "data/dlrm-cap1000"
+	defaultBackend = "shm"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "frontend:", err)
+		os.Exit(1)
+	}
+}
+
+// config is the parsed command line.
+type config struct {
+	listen         string
+	port           int
+	metricsAddr    string
+	modelName      string
+	modelVersion   string
+	maxBatch       int
+	bundle         string
+	backend        string
+	shmDir         string
+	segment        string
+	referenceDelay time.Duration
+	drainDelay     time.Duration
+	drainTimeout   time.Duration
+	logLevel       slog.Level
+}
+
+// envTwins maps each flag to its environment variable.
+var envTwins = map[string]string{
+	"listen":          "RECMESH_FRONTEND_LISTEN",
+	"port":            "RECMESH_FRONTEND_PORT",
+	"metrics-addr":    "RECMESH_FRONTEND_METRICS_ADDR",
+	"model-name":      "RECMESH_MODEL_NAME",
+	"model-version":   "RECMESH_MODEL_VERSION",
+	"max-batch":       "RECMESH_FRONTEND_MAX_BATCH",
+	"bundle":          "RECMESH_BUNDLE",
+	"backend":         "RECMESH_FRONTEND_BACKEND",
+	"shm-dir":         "RECMESH_SHM_DIR",
+	"segment":         "RECMESH_SEGMENT",
+	"reference-delay": "RECMESH_FRONTEND_REFERENCE_DELAY",
+	"drain-delay":     "RECMESH_FRONTEND_DRAIN_DELAY",
+	"drain-timeout":   "RECMESH_FRONTEND_DRAIN_TIMEOUT",
+	"log-level":       "RECMESH_LOG_LEVEL",
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("frontend", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.listen, "listen", "", "gRPC listen address host:port (default: every interface, --port)")
+	fs.IntVar(&c.port, "port", frontend.DefaultPort, "gRPC port, when --listen is not given")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", frontend.DefaultMetricsAddr, "address of /metrics, /healthz and /readyz; \"off\" disables; one per process (host:0 picks a free port)")
+	fs.StringVar(&c.modelName, "model-name", frontend.DefaultModelName, "model name clients must use")
+	fs.StringVar(&c.modelVersion, "model-version", frontend.DefaultModelVersion, "model version served")
+	fs.IntVar(&c.maxBatch, "max-batch", frontend.DefaultMaxBatch, "most examples per request")
+	fs.StringVar(&c.bundle, "bundle", defaultBundle, "model bundle directory (its config.json gives the vocabulary sizes)")
+	fs.StringVar(&c.backend, "backend", defaultBackend, "model backend: shm (the mesh: a lane of the embedder's shared-memory segment) or reference (development and tests: scores in-process from --bundle)")
+	fs.StringVar(&c.shmDir, "shm-dir", shm.DefaultDir, "shm backend: directory of the embedder's segment")
+	fs.StringVar(&c.segment, "segment", shmbackend.DefaultSegment, "shm backend: segment file name")
+	fs.DurationVar(&c.referenceDelay, "reference-delay", 0, "reference backend only, for tests: extra delay per call")
+	fs.DurationVar(&c.drainDelay, "drain-delay", frontend.DefaultDrainDelay, "on SIGTERM, keep serving unready this long before refusing new calls")
+	fs.DurationVar(&c.drainTimeout, "drain-timeout", frontend.DefaultDrainTimeout, "on SIGTERM, give calls in flight this long to finish")
+	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: frontend [flags]\n\nEvery flag has an environment twin; the command line wins.\n\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			name, usage := flag.UnquoteUsage(f)
+			fmt.Fprintf(fs.Output(), "  --%s %s  [$%s]\n    \t%s (default %q)\n", f.Name, name, envTwins[f.Name], usage, f.DefValue)
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := envTwins[f.Name]
+		v, ok := os.LookupEnv(env)
+		if set[f.Name] || !ok || envErr != nil {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			envErr = fmt.Errorf("$%s=%q: invalid value for --%s: %w", env, v, f.Name, err)
+		}
+	})
+	if envErr != nil {
+		return c, envErr
+	}
+	if c.port < 0 || c.port > 65535 {
+		return c, fmt.Errorf("--port: %d is not a port number (0..65535)", c.port)
+	}
+	if c.listen == "" {
+		c.listen = ":" + strconv.Itoa(c.port)
+	}
+	if c.referenceDelay < 0 {
+		return c, fmt.Errorf("--reference-delay: %v is negative", c.referenceDelay)
+	}
+	return c, nil
+}
+
+// flagOf names the flag that sets each frontend.Options field, so that a
+// configuration error says what to change.
+var flagOf = map[string]string{
+	"Listen":       "--listen (or --port)",
+	"MetricsAddr":  "--metrics-addr",
+	"ModelName":    "--model-name",
+	"ModelVersion": "--model-version",
+	"MaxBatch":     "--max-batch",
+	"Model":        "--bundle",
+	"DrainDelay":   "--drain-delay",
+	"DrainTimeout": "--drain-timeout",
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	c, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevel}))
+
+	cfg, err := readModelConfig(c.bundle)
+	if err != nil {
+		return fmt.Errorf("--bundle=%s: %w", c.bundle, err)
+	}
+	backend, err := newBackend(c, cfg, log)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := frontend.New(frontend.Options{
+		Listen:       c.listen,
+		MetricsAddr:  c.metricsAddr,
+		ModelName:    c.modelName,
+		ModelVersion: c.modelVersion,
+		MaxBatch:     c.maxBatch,
+		Model:        cfg,
+		Backend:      backend,
+		DrainDelay:   c.drainDelay,
+		DrainTimeout: c.drainTimeout,
+		Registerer:   reg,
+		Gatherer:     reg,
+		Logger:       log,
+	})
+	if err != nil {
+		backend.Close()
+		return nameFlag(err)
+	}
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal ends the process at once, drain or not
+	}()
+	return nameFlag(srv.Run(ctx))
+}
+
+// nameFlag rewrites an *frontend.OptionError to name the flag to change.
+func nameFlag(err error) error {
+	var oe *frontend.OptionError
+	if errors.As(err, &oe) {
+		if f, ok := flagOf[oe.Option]; ok {
+			return fmt.Errorf("%s: %w", f, oe.Err)
+		}
+	}
+	return err
+}
+
+// readModelConfig reads and validates dir/config.json: the frontend needs
+// only the vocabulary sizes, not the weights.
+func readModelConfig(dir string) (model.Config, error) {
+	var cfg model.Config
+	raw, err := os.ReadFile(filepath.Join(dir, model.ConfigFile))
+	if err != nil {
+		return cfg, fmt.Errorf("%w (export a bundle first: `make run` does, or `go run ./cli/cmd/recmesh export --max-vocab 1000 --seed 1 --out %s`)", err, dir)
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return cfg, fmt.Errorf("%s: %w", model.ConfigFile, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("%s: %w", model.ConfigFile, err)
+	}
+	return cfg, nil
+}
+
+func newBackend(c config, cfg model.Config, log *slog.Logger) (frontend.Backend, error) {
+	switch c.backend {
+	case "shm":
+		return shmbackend.New(shmbackend.Options{ShmDir: c.shmDir, Segment: c.segment, Model: cfg, Log: log})
+	case "reference":
+		b, err := model.Open(c.bundle)
+		if err != nil {
+			return nil, fmt.Errorf("--bundle=%s: %w", c.bundle, err)
+		}
+		ref, err := model.NewReference(b)
+		if err != nil {
+			b.Close()
+			return nil, fmt.Errorf("--bundle=%s: %w", c.bundle, err)
+		}
+		return refbackend.New(ref, b.Config, refbackend.Options{Delay: c.referenceDelay, OnClose: b.Close}), nil
+	default:
+		return nil, fmt.Errorf("--backend: unknown backend %q (want shm or reference)", c.backend)
+	}
+}

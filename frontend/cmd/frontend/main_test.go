@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/recmesh/recmesh/model"
+)
+
+// clearEnv unsets every environment twin for the test.
+func clearEnv(t *testing.T) {
+	for _, env := range envTwins {
+		t.Setenv(env, "")
+		os.Unsetenv(env)
+	}
+}
+
+func TestFlagsAndEnvTwins(t *testing.T) {
+	clearEnv(t)
+	c, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.listen != ":8001" || c.metricsAddr != ":9101" || c.modelName != "dlrm" || c.maxBatch != 4096 ||
+		c.bundle != "data/dlrm-cap1000" || c.backend != "reference" || c.drainTimeout != 30*time.Second {
+		t.Errorf("defaults: %+v", c)
+	}
+
+	t.Setenv("RECMESH_FRONTEND_PORT", "9000")
+	t.Setenv("RECMESH_MODEL_NAME", "ranker")
+	t.Setenv("RECMESH_FRONTEND_DRAIN_DELAY", "2s")
+	c, err = parseFlags([]string{"--model-name=explicit"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.listen != ":9000" || c.modelName != "explicit" || c.drainDelay != 2*time.Second {
+		t.Errorf("env twins: listen %q model %q drain delay %v", c.listen, c.modelName, c.drainDelay)
+	}
+	c, err = parseFlags([]string{"--listen=127.0.0.1:7000"}, io.Discard)
+	if err != nil || c.listen != "127.0.0.1:7000" {
+		t.Errorf("--listen: %q, %v", c.listen, err)
+	}
+}
+
+func TestConfigErrorsNameTheFlag(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	if err := model.Export(context.Background(), dir, model.DLRMv2(model.DevVocabCap), 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string // the error's prefix
+	}{
+		{"bad env twin", map[string]string{"RECMESH_FRONTEND_MAX_BATCH": "many"}, nil,
+			`$RECMESH_FRONTEND_MAX_BATCH="many": invalid value for --max-batch`},
+		{"bad port", nil, []string{"--port=70000"}, "--port: 70000 is not a port number"},
+		{"stray argument", nil, []string{"serve"}, `unexpected argument "serve"`},
+		{"negative reference delay", nil, []string{"--reference-delay=-1s"}, "--reference-delay: -1s is negative"},
+		{"no bundle", nil, []string{"--bundle=" + dir + "/missing"}, "--bundle=" + dir + "/missing: open"},
+		{"unknown backend", nil, []string{"--bundle=" + dir, "--backend=gpu"}, `--backend: unknown backend "gpu"`},
+		{"max batch", nil, []string{"--bundle=" + dir, "--max-batch=100000"}, "--max-batch: 100000 is not in 1..65536"},
+		{"drain timeout", nil, []string{"--bundle=" + dir, "--drain-timeout=-1s"}, "--drain-timeout: -1s is negative"},
+		{"listen busy", nil, []string{"--bundle=" + dir, "--listen=" + busy.Addr().String(), "--metrics-addr=off"},
+			"--listen (or --port): listen tcp " + busy.Addr().String()},
+		{"metrics busy", nil, []string{"--bundle=" + dir, "--listen=127.0.0.1:0", "--metrics-addr=" + busy.Addr().String()},
+			"--metrics-addr: listen tcp " + busy.Addr().String()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := run(ctx, tc.args, io.Discard)
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("got %v\nwant an error starting %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,472 @@
+// Package shmbackend is the production frontend.Backend: a lane of the
+// mesh's shared-memory segment. It attaches to the embedder's current
+// generation, claims a lane, writes each request straight into a lane slot,
+// and waits for the accelerator's completion. When the embedder or the
+// accelerator dies it fails in-flight calls with UNAVAILABLE at once and
+// re-attaches to the next generation by itself; when a new generation
+// replaces the current one (a model rollout), new calls go to it while the
+// old lane drains.
+package shmbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/recmesh/recmesh/frontend"
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/shm"
+)
+
+// Defaults for Options.
+const (
+	DefaultSegment = "recmesh"
+	// DefaultFullWait is how long Acquire waits for lane room before it
+	// answers ErrFull (RESOURCE_EXHAUSTED): long enough to ride out a burst,
+	// short against any client deadline.
+	DefaultFullWait = 2 * time.Millisecond
+	// checkInterval is how often the manager looks for a new generation.
+	checkInterval = 50 * time.Millisecond
+)
+
+// Options configure a Backend.
+type Options struct {
+	ShmDir, Segment string
+	// Model is the served model's config (request layout, model id).
+	Model    model.Config
+	FullWait time.Duration
+	Log      *slog.Logger
+	// Notify, when non-nil, wakes the manager at once (the control plane
+	// sends on it when the embedder announces a new generation).
+	Notify <-chan struct{}
+}
+
+// Backend implements frontend.Backend over shared-memory lanes.
+type Backend struct {
+	opts   Options
+	cfg    model.Config
+	log    *slog.Logger
+	nextID atomic.Uint64
+
+	cur    atomic.Pointer[attachment]
+	freed  chan struct{} // a slot was freed somewhere (cap 1)
+	cancel context.CancelFunc
+	done   chan struct{}
+	closed atomic.Bool
+}
+
+// New starts the manager goroutine that attaches to the segment; Ready
+// turns true once a lane is claimed and an accelerator is attached.
+func New(opts Options) (*Backend, error) {
+	if err := opts.Model.Validate(); err != nil {
+		return nil, fmt.Errorf("shmbackend: %w", err)
+	}
+	if opts.ShmDir == "" {
+		opts.ShmDir = shm.DefaultDir
+	}
+	if opts.Segment == "" {
+		opts.Segment = DefaultSegment
+	}
+	if opts.FullWait <= 0 {
+		opts.FullWait = DefaultFullWait
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &Backend{opts: opts, cfg: opts.Model, log: opts.Log, freed: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	go b.manage(ctx)
+	return b, nil
+}
+
+// Path is the segment file.
+func (b *Backend) Path() string { return filepath.Join(b.opts.ShmDir, b.opts.Segment) }
+
+// Generation is the generation new calls go to (0 when detached).
+func (b *Backend) Generation() uint64 {
+	if a := b.cur.Load(); a != nil {
+		return a.seg.Generation()
+	}
+	return 0
+}
+
+// Ready reports whether calls can be served now.
+func (b *Backend) Ready() bool {
+	a := b.cur.Load()
+	if a == nil || a.isDead() || a.seg.State() != shm.StateReady {
+		return false
+	}
+	return a.seg.AcceleratorAlive(0) == nil
+}
+
+// attachment is one claimed lane of one generation.
+type attachment struct {
+	b       *Backend
+	seg     *shm.Segment
+	lane    *shm.Lane
+	ino     uint64
+	slots   []slotHandle
+	dead    chan struct{}
+	deadErr atomic.Pointer[error]
+	refs    atomic.Int64 // slots handed out and not released
+	retired atomic.Bool
+	once    sync.Once
+	stop    context.CancelFunc
+	closeMu sync.Mutex
+	closedX bool
+}
+
+// Slot states, so a call that gives up and the completion reader agree on
+// who frees the slot.
+const (
+	stIdle      = iota // acquired, not submitted
+	stWaiting          // submitted, caller waiting
+	stAbandoned        // submitted, caller gone: the reader frees it
+	stDone             // completion delivered to the caller
+)
+
+type slotHandle struct {
+	a       *attachment
+	index   int
+	n       int
+	payload []byte
+	state   atomic.Int32
+	status  chan uint32 // cap 1
+}
+
+func (b *Backend) attach(ctx context.Context) (*attachment, error) {
+	path := b.Path()
+	seg, err := shm.Attach(path, shm.AttachOptions{ModelID: b.cfg.ID()})
+	if err != nil {
+		return nil, err
+	}
+	lane, err := seg.ClaimLane(os.Getpid())
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	ino, _ := inode(path)
+	actx, stop := context.WithCancel(ctx)
+	a := &attachment{b: b, seg: seg, lane: lane, ino: ino, dead: make(chan struct{}), stop: stop}
+	a.slots = make([]slotHandle, seg.Geometry().SlotsPerLane)
+	for i := range a.slots {
+		a.slots[i] = slotHandle{a: a, index: i, status: make(chan uint32, 1)}
+	}
+	go func() { _ = lane.Heartbeat(actx, 0) }()
+	go a.readCompletions(actx)
+	return a, nil
+}
+
+func inode(path string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
+}
+
+// manage keeps an attachment to the newest live generation.
+func (b *Backend) manage(ctx context.Context) {
+	defer close(b.done)
+	t := time.NewTicker(checkInterval)
+	defer t.Stop()
+	logged := false
+	for {
+		a := b.cur.Load()
+		switch {
+		case a == nil:
+			na, err := b.attach(ctx)
+			if err == nil {
+				b.cur.Store(na)
+				b.log.Info("attached", "path", na.seg.Path(), "generation", na.seg.Generation(), "lane", na.lane.Index())
+				logged = false
+			} else if !logged {
+				b.log.Info("waiting for the embedder's segment", "path", b.Path(), "reason", err)
+				logged = true
+			}
+		case a.isDead():
+			b.cur.CompareAndSwap(a, nil)
+			a.retire()
+			continue
+		default:
+			if b.replaced(a) {
+				na, err := b.attach(ctx)
+				if err == nil {
+					b.cur.Store(na)
+					b.log.Info("switched generation", "from", a.seg.Generation(), "to", na.seg.Generation())
+					a.retire()
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if a := b.cur.Swap(nil); a != nil {
+				a.retire()
+			}
+			return
+		case <-t.C:
+		case <-b.opts.Notify:
+		case <-b.curDead():
+		}
+	}
+}
+
+// curDead is the current attachment's dead channel (nil blocks forever).
+func (b *Backend) curDead() <-chan struct{} {
+	if a := b.cur.Load(); a != nil {
+		return a.dead
+	}
+	return nil
+}
+
+// replaced reports whether a newer generation took the segment's path, or
+// the attached one is draining.
+func (b *Backend) replaced(a *attachment) bool {
+	if a.seg.State() != shm.StateReady {
+		return true
+	}
+	ino, err := inode(b.Path())
+	return err == nil && ino != a.ino
+}
+
+func (a *attachment) isDead() bool {
+	select {
+	case <-a.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+func (a *attachment) fail(err error) {
+	a.once.Do(func() {
+		a.deadErr.Store(&err)
+		close(a.dead)
+		a.b.log.Warn("lane failed", "generation", a.seg.Generation(), "err", err)
+	})
+}
+
+// readCompletions delivers completions to waiting calls and frees the
+// slots of calls that gave up. It is the lane's only completion consumer.
+func (a *attachment) readCompletions(ctx context.Context) {
+	for {
+		c, err := a.lane.WaitCompletion(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				a.fail(frontend.ErrUnavailable)
+				return
+			}
+			if errors.Is(err, shm.ErrCorrupt) || errors.Is(err, shm.ErrStaleEpoch) {
+				a.b.log.Warn("dropped a bad completion", "err", err)
+				continue
+			}
+			a.fail(err)
+			return
+		}
+		h := &a.slots[c.Slot]
+		if h.state.CompareAndSwap(stWaiting, stDone) {
+			h.status <- c.Status
+			continue
+		}
+		if h.state.CompareAndSwap(stAbandoned, stIdle) {
+			_ = a.lane.Free(c.Slot)
+			a.release()
+			a.b.signalFreed()
+		}
+	}
+}
+
+func (b *Backend) signalFreed() {
+	select {
+	case b.freed <- struct{}{}:
+	default:
+	}
+}
+
+// retire stops new work on a and, once its calls are done, releases the
+// lane and unmaps the segment.
+func (a *attachment) retire() {
+	if !a.retired.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for a.refs.Load() > 0 && !a.isDead() {
+			<-t.C
+		}
+		if !a.isDead() {
+			_ = a.lane.Release()
+		}
+		a.stop()
+		a.fail(frontend.ErrUnavailable)
+		a.maybeClose()
+	}()
+}
+
+// release drops one slot reference; the last one of a dead attachment
+// unmaps the segment (no call can touch its memory any more).
+func (a *attachment) release() {
+	if a.refs.Add(-1) == 0 {
+		a.maybeClose()
+	}
+}
+
+// closedRefs marks an unmapped attachment's reference count: an Acquire
+// that races the close sees a negative count and backs off.
+const closedRefs = -1 << 40
+
+func (a *attachment) maybeClose() {
+	if !a.isDead() || !a.retired.Load() || !a.refs.CompareAndSwap(0, closedRefs) {
+		return
+	}
+	a.closeMu.Lock()
+	defer a.closeMu.Unlock()
+	if !a.closedX {
+		a.closedX = true
+		_ = a.seg.Close()
+	}
+}
+
+// Acquire claims a slot with room for n examples.
+func (b *Backend) Acquire(ctx context.Context, n int) (frontend.Slot, error) {
+	size := b.cfg.Request(n).Size
+	var timer *time.Timer
+	for {
+		a := b.cur.Load()
+		if a == nil || a.isDead() || a.retired.Load() {
+			return nil, fmt.Errorf("shmbackend: no live generation: %w", frontend.ErrUnavailable)
+		}
+		if a.refs.Add(1) < 0 {
+			a.refs.Add(-1)
+			return nil, fmt.Errorf("shmbackend: generation closed: %w", frontend.ErrUnavailable)
+		}
+		slot, payload, err := a.lane.Claim(n, size)
+		if err == nil {
+			h := &a.slots[slot]
+			h.n, h.payload = n, payload
+			h.state.Store(stIdle)
+			return h, nil
+		}
+		a.release()
+		if !errors.Is(err, shm.ErrFull) {
+			return nil, fmt.Errorf("shmbackend: %v: %w", err, frontend.ErrUnavailable)
+		}
+		if timer == nil {
+			timer = time.NewTimer(b.opts.FullWait)
+			defer timer.Stop()
+		}
+		select {
+		case <-b.freed:
+		case <-timer.C:
+			return nil, fmt.Errorf("shmbackend: lane full: %w", frontend.ErrFull)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Close stops the manager and releases the lanes.
+func (b *Backend) Close() error {
+	if !b.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	b.cancel()
+	<-b.done
+	return nil
+}
+
+func (h *slotHandle) Dense() []float32 {
+	nd := h.a.b.cfg.NumDense * h.n
+	return unsafe.Slice((*float32)(unsafe.Pointer(&h.payload[0])), nd)
+}
+
+func (h *slotHandle) Sparse() []int32 {
+	cfg := h.a.b.cfg
+	off := cfg.Request(h.n).SparseOffset
+	return unsafe.Slice((*int32)(unsafe.Pointer(&h.payload[off])), h.n*cfg.SparseWidth())
+}
+
+// Submit publishes the slot and waits for its completion.
+func (h *slotHandle) Submit(ctx context.Context, tc frontend.TraceContext) ([]float32, error) {
+	a := h.a
+	var deadline int64
+	if d, ok := ctx.Deadline(); ok {
+		deadline = d.UnixNano()
+	}
+	h.state.Store(stWaiting)
+	err := a.lane.Commit(h.index, shm.RequestMeta{
+		ID:       a.b.nextID.Add(1),
+		Deadline: deadline,
+		Trace:    shm.TraceContext{TraceID: tc.TraceID, SpanID: tc.SpanID, Flags: tc.Flags},
+	})
+	if err != nil {
+		h.state.Store(stIdle)
+		if errors.Is(err, shm.ErrFull) {
+			return nil, fmt.Errorf("shmbackend: request ring full: %w", frontend.ErrFull)
+		}
+		return nil, fmt.Errorf("shmbackend: %v: %w", err, frontend.ErrUnavailable)
+	}
+	select {
+	case st := <-h.status:
+		return h.result(st)
+	case <-a.dead:
+		// The segment is gone; nothing will complete. Release must not
+		// touch the lane.
+		return nil, fmt.Errorf("shmbackend: embedder or accelerator gone: %w", frontend.ErrUnavailable)
+	case <-ctx.Done():
+		if h.state.CompareAndSwap(stWaiting, stAbandoned) {
+			_ = a.lane.Cancel(h.index)
+			return nil, ctx.Err()
+		}
+		// The completion won the race: take it so the slot is clean.
+		<-h.status
+		return nil, ctx.Err()
+	}
+}
+
+func (h *slotHandle) result(st uint32) ([]float32, error) {
+	switch st {
+	case shm.StatusOK:
+		raw, err := h.a.lane.Scores(h.index)
+		if err != nil || len(raw) != 4*h.n {
+			return nil, fmt.Errorf("shmbackend: scores of slot %d: %v", h.index, err)
+		}
+		return unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), h.n), nil
+	case shm.StatusExpired:
+		return nil, context.DeadlineExceeded
+	case shm.StatusCanceled:
+		return nil, context.Canceled
+	case shm.StatusInvalid:
+		return nil, &frontend.BadInputError{Row: 0, Table: -1, Reason: "the embedder refused the request's ids (does the frontend's --bundle match the served model?)"}
+	case shm.StatusUnavailable:
+		return nil, fmt.Errorf("shmbackend: serving side could not run the request: %w", frontend.ErrUnavailable)
+	}
+	return nil, fmt.Errorf("shmbackend: request failed on the serving side (status %d)", st)
+}
+
+// Release frees the slot, unless the completion reader owns it now.
+func (h *slotHandle) Release() {
+	a := h.a
+	switch h.state.Load() {
+	case stAbandoned:
+		return // the reader frees it when the completion arrives
+	case stWaiting:
+		// Only after a dead segment: nothing will ever complete it.
+	default:
+		if !a.isDead() {
+			_ = a.lane.Free(h.index)
+		}
+		h.state.Store(stIdle)
+	}
+	a.release()
+	a.b.signalFreed()
+}

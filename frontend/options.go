@@ -1,0 +1,226 @@
+package frontend
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/recmesh/recmesh/model"
+)
+
+// Defaults for the zero values of Options.
+const (
+	// DefaultPort is the gRPC port of the Open Inference Protocol (Triton's
+	// and KServe's gRPC default).
+	DefaultPort = 8001
+	// DefaultListen is DefaultPort on every interface.
+	DefaultListen = ":8001"
+	// DefaultMetricsAddr serves /metrics, /healthz and /readyz.
+	DefaultMetricsAddr = ":9101"
+	// MetricsOff as Options.MetricsAddr serves no metrics endpoint (the
+	// metrics are still registered with Options.Registerer).
+	MetricsOff = "off"
+	// DefaultModelName is the name clients address the model by.
+	DefaultModelName = "dlrm"
+	// DefaultModelVersion is the one version served; a request naming no
+	// version gets it.
+	DefaultModelVersion = "1"
+	// DefaultMaxBatch is the most examples one request may carry, the
+	// largest batch bucket of the accelerator.
+	DefaultMaxBatch = 4096
+	// MaxMaxBatch bounds Options.MaxBatch so that the largest request stays
+	// far below gRPC's 2 GiB message limit.
+	MaxMaxBatch = 1 << 16
+	// DefaultDrainDelay is how long the server keeps serving, unready, after
+	// shutdown begins and before it stops accepting. 0 suits a process that
+	// shares its port through SO_REUSEPORT (the kernel stops routing to it
+	// the moment its listener closes); behind a load balancer that polls
+	// readiness, set it to a little more than the polling period.
+	DefaultDrainDelay = 0
+	// DefaultDrainTimeout bounds how long calls in flight may take to finish
+	// once the server stops accepting; the rest are cancelled.
+	DefaultDrainTimeout = 30 * time.Second
+	// DefaultReadyPollInterval is how often Backend.Ready is polled to update
+	// the health service.
+	DefaultReadyPollInterval = 100 * time.Millisecond
+	// ServerName is what ServerMetadata reports.
+	ServerName = "recmesh"
+	// Platform is what ModelMetadata reports as the model's platform.
+	Platform = "recmesh_dlrm"
+)
+
+// Options configure a Server. The zero value of each field means its
+// default; Model and Backend are required.
+type Options struct {
+	// Listen is the gRPC listen address, host:port. Default DefaultListen.
+	// The socket has SO_REUSEPORT, so several processes may listen on the
+	// same address and the kernel spreads new connections among them.
+	Listen string
+
+	// MetricsAddr is the HTTP address of /metrics (Prometheus), /healthz
+	// (liveness) and /readyz (readiness). Default DefaultMetricsAddr;
+	// MetricsOff disables it. Each process needs its own address: use
+	// "host:0" for any free port (Server.MetricsAddr tells which).
+	MetricsAddr string
+
+	// ModelName is the model name requests must use. Default
+	// DefaultModelName.
+	ModelName string
+
+	// ModelVersion is the version served; requests may name it or leave the
+	// version empty. Default DefaultModelVersion.
+	ModelVersion string
+
+	// MaxBatch is the most examples one request may carry, 1..MaxMaxBatch;
+	// larger requests fail with INVALID_ARGUMENT. Default DefaultMaxBatch.
+	MaxBatch int
+
+	// Model describes the served model; the frontend needs its vocabulary
+	// sizes to check every id before a request reaches the backend. It must
+	// pass model.Config.Validate. Required.
+	Model model.Config
+
+	// Backend scores the requests; the Server closes it after draining.
+	// Required.
+	Backend Backend
+
+	// DrainDelay is how long the server keeps serving after shutdown begins
+	// and readiness turns false, so that load balancers stop sending first.
+	// Default DefaultDrainDelay (0).
+	DrainDelay time.Duration
+
+	// DrainTimeout bounds how long calls in flight may take to finish after
+	// the server stops accepting; calls still running then are cancelled.
+	// Default DefaultDrainTimeout.
+	DrainTimeout time.Duration
+
+	// ReadyPollInterval is how often Backend.Ready is polled for the health
+	// service. Default DefaultReadyPollInterval.
+	ReadyPollInterval time.Duration
+
+	// Registerer receives the recmesh_frontend_* metrics. Default: a new
+	// registry of the server's own (never the global default registry).
+	Registerer prometheus.Registerer
+
+	// Gatherer is what /metrics serves. Default: Registerer when it is a
+	// prometheus.Gatherer (a *prometheus.Registry is), else required when
+	// the metrics endpoint is on.
+	Gatherer prometheus.Gatherer
+
+	// TracerProvider enables tracing: with it, otelgrpc's stats handler
+	// creates a server span per call and the span's context is handed to
+	// Slot.Submit. Default nil: no stats handler, no tracing cost, and
+	// Submit gets a zero TraceContext.
+	TracerProvider trace.TracerProvider
+
+	// Propagator extracts the caller's trace context from gRPC metadata when
+	// tracing is on. Default: W3C trace context and baggage.
+	Propagator propagation.TextMapPropagator
+
+	// Logger receives start-up, readiness and drain events (nothing per
+	// request). Default slog.Default().
+	Logger *slog.Logger
+
+	// Version is the server version ServerMetadata reports. Default: the
+	// main module's version from the build info, else "devel".
+	Version string
+}
+
+// OptionError is returned by New for an invalid Options field, so that a
+// command can name the flag to change.
+type OptionError struct {
+	// Option is the Options field, e.g. "MaxBatch".
+	Option string
+	// Err says what is wrong with it.
+	Err error
+}
+
+func (e *OptionError) Error() string { return "frontend: option " + e.Option + ": " + e.Err.Error() }
+func (e *OptionError) Unwrap() error { return e.Err }
+
+func optionErr(option, format string, args ...any) error {
+	return &OptionError{Option: option, Err: fmt.Errorf(format, args...)}
+}
+
+// withDefaults returns o with every zero field set to its default, or the
+// first invalid field.
+func (o Options) withDefaults() (Options, error) {
+	if o.Listen == "" {
+		o.Listen = DefaultListen
+	}
+	if o.MetricsAddr == "" {
+		o.MetricsAddr = DefaultMetricsAddr
+	}
+	if o.ModelName == "" {
+		o.ModelName = DefaultModelName
+	}
+	if o.ModelVersion == "" {
+		o.ModelVersion = DefaultModelVersion
+	}
+	if o.MaxBatch == 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.MaxBatch < 1 || o.MaxBatch > MaxMaxBatch {
+		return o, optionErr("MaxBatch", "%d is not in 1..%d", o.MaxBatch, MaxMaxBatch)
+	}
+	if err := o.Model.Validate(); err != nil {
+		return o, &OptionError{Option: "Model", Err: err}
+	}
+	if o.Backend == nil {
+		return o, &OptionError{Option: "Backend", Err: errors.New("required")}
+	}
+	if o.DrainDelay < 0 {
+		return o, optionErr("DrainDelay", "%v is negative", o.DrainDelay)
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.DrainTimeout < 0 {
+		return o, optionErr("DrainTimeout", "%v is negative", o.DrainTimeout)
+	}
+	if o.ReadyPollInterval == 0 {
+		o.ReadyPollInterval = DefaultReadyPollInterval
+	}
+	if o.ReadyPollInterval < 0 {
+		return o, optionErr("ReadyPollInterval", "%v is negative", o.ReadyPollInterval)
+	}
+	if o.Registerer == nil {
+		reg := prometheus.NewRegistry()
+		o.Registerer = reg
+		if o.Gatherer == nil {
+			o.Gatherer = reg
+		}
+	}
+	if o.Gatherer == nil {
+		if g, ok := o.Registerer.(prometheus.Gatherer); ok {
+			o.Gatherer = g
+		} else if o.MetricsAddr != MetricsOff {
+			return o, optionErr("Gatherer", "required when Registerer is not a prometheus.Gatherer and the metrics endpoint is on")
+		}
+	}
+	if o.Propagator == nil {
+		o.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Version == "" {
+		o.Version = buildVersion()
+	}
+	return o, nil
+}
+
+// buildVersion is the main module's version, or "devel" for a build from a
+// work tree.
+func buildVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "devel"
+}

@@ -1,0 +1,315 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/inference"
+)
+
+// metricsShutdownTimeout bounds how long the metrics endpoint may take to
+// close once the gRPC server has drained; scrapes are short.
+const metricsShutdownTimeout = 2 * time.Second
+
+// Server is one frontend process's gRPC server. Build it with New, then
+// call Run once; Listen may be called before Run to learn the addresses.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	svc     *service
+	grpc    *grpc.Server
+	health  *health.Server
+	metrics *metrics
+	http    *http.Server
+
+	// draining turns readiness off for good once shutdown begins.
+	draining atomic.Bool
+	// streamsDone is cancelled when the server stops accepting, to end
+	// long-lived streams (health Watch, reflection) that would otherwise
+	// hold GracefulStop until DrainTimeout.
+	streamsDone context.Context
+	endStreams  context.CancelFunc
+
+	mu   sync.Mutex
+	lis  net.Listener // gRPC, SO_REUSEPORT
+	mlis net.Listener // metrics; nil when off
+	ran  bool
+}
+
+// New builds a Server from opts (see Options for the defaults). It
+// registers the metrics but does not listen; an invalid option is an
+// *OptionError.
+func New(opts Options) (*Server, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, log: opts.Logger, metrics: m, health: health.NewServer()}
+	s.streamsDone, s.endStreams = context.WithCancel(context.Background())
+	s.svc = &service{
+		schema:   newSchema(opts),
+		backend:  opts.Backend,
+		metrics:  m,
+		version:  opts.Version,
+		draining: &s.draining,
+	}
+
+	sopts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxRecvMsgSize(opts.MaxBatch, s.svc.schema.width)),
+		grpc.ChainStreamInterceptor(s.endStreamsOnDrain),
+	}
+	if opts.TracerProvider != nil {
+		sopts = append(sopts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(opts.TracerProvider),
+			otelgrpc.WithPropagators(opts.Propagator),
+			// Probes every few seconds per load balancer would drown the
+			// inference spans.
+			otelgrpc.WithFilter(filters.Not(filters.HealthCheck())),
+		)))
+	}
+	s.grpc = grpc.NewServer(sopts...)
+	inference.RegisterGRPCInferenceServiceServer(s.grpc, s.svc)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	s.setServing(false)
+
+	if opts.MetricsAddr != MetricsOff {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprintln(w, "ok")
+		})
+		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if !s.svc.ready() {
+				http.Error(w, "not ready", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ready")
+		})
+		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	}
+	return s, nil
+}
+
+// maxRecvMsgSize admits the largest valid request, MaxBatch examples with
+// INT64 ids sent raw, plus room for names, parameters and the request id;
+// anything bigger is refused by grpc-go before it is read into memory.
+func maxRecvMsgSize(maxBatch, width int) int {
+	return maxBatch*(model.NumDense*4+width*8) + 1<<20
+}
+
+// Listen binds the gRPC listener (with SO_REUSEPORT) and the metrics
+// listener. Run calls it; calling it first lets a caller learn Addr and
+// MetricsAddr when the options asked for port 0. It is idempotent. A bind
+// failure is an *OptionError naming Listen or MetricsAddr.
+func (s *Server) Listen() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lis != nil {
+		return nil
+	}
+	lis, err := listenReusePort(context.Background(), s.opts.Listen)
+	if err != nil {
+		return &OptionError{Option: "Listen", Err: err}
+	}
+	if s.http != nil {
+		mlis, err := net.Listen("tcp", s.opts.MetricsAddr)
+		if err != nil {
+			lis.Close()
+			return &OptionError{Option: "MetricsAddr", Err: err}
+		}
+		s.mlis = mlis
+	}
+	s.lis = lis
+	return nil
+}
+
+// Addr is the gRPC listener's address, nil before Listen.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lis == nil {
+		return nil
+	}
+	return s.lis.Addr()
+}
+
+// MetricsAddr is the metrics listener's address, nil before Listen or when
+// the endpoint is off.
+func (s *Server) MetricsAddr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mlis == nil {
+		return nil
+	}
+	return s.mlis.Addr()
+}
+
+// Run serves until ctx is done, then drains:
+//
+//  1. readiness turns false for good (ServerReady, ModelReady, /readyz, and
+//     the health service answers NOT_SERVING), while calls are still served
+//     for Options.DrainDelay;
+//  2. the listener closes and new calls are refused, while calls in flight
+//     run to completion, for at most Options.DrainTimeout, after which the
+//     rest are cancelled;
+//  3. the backend is closed, then the metrics endpoint.
+//
+// Run closes the backend before it returns, whatever happens. It returns
+// nil after a drain that ctx started, or the error that stopped serving.
+// It may be called once.
+func (s *Server) Run(ctx context.Context) (err error) {
+	s.mu.Lock()
+	ran := s.ran
+	s.ran = true
+	s.mu.Unlock()
+	if ran {
+		return errors.New("frontend: Run called twice")
+	}
+	defer func() {
+		if cerr := s.opts.Backend.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("frontend: close backend: %w", cerr))
+		}
+	}()
+	if err := s.Listen(); err != nil {
+		return err
+	}
+	attrs := []any{"addr", s.lis.Addr().String(), "model", s.opts.ModelName, "version", s.opts.ModelVersion, "max_batch", s.opts.MaxBatch}
+	if s.mlis != nil {
+		attrs = append(attrs, "metrics_addr", s.mlis.Addr().String())
+	}
+	s.log.Info("frontend serving", attrs...)
+
+	failed := make(chan error, 2)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := s.grpc.Serve(s.lis); err != nil {
+			failed <- fmt.Errorf("frontend: serve gRPC: %w", err)
+		}
+	})
+	if s.mlis != nil {
+		wg.Go(func() {
+			if err := s.http.Serve(s.mlis); !errors.Is(err, http.ErrServerClosed) {
+				failed <- fmt.Errorf("frontend: serve metrics: %w", err)
+			}
+		})
+	}
+	stopPoll := make(chan struct{})
+	wg.Go(func() { s.pollReady(stopPoll) })
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		s.log.Info("frontend draining", "cause", context.Cause(ctx), "drain_delay", s.opts.DrainDelay, "drain_timeout", s.opts.DrainTimeout)
+	case runErr = <-failed:
+		s.log.Error("frontend stopping", "err", runErr)
+	}
+	close(stopPoll)
+	s.drain()
+	wg.Wait()
+	return runErr
+}
+
+// drain runs steps 1 and 2 of Run's shutdown and closes the metrics
+// endpoint; Run closes the backend.
+func (s *Server) drain() {
+	s.draining.Store(true)
+	s.health.Shutdown()
+	if d := s.opts.DrainDelay; d > 0 {
+		time.Sleep(d) // serving on, unready, so that balancers move away first
+	}
+
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	s.endStreams()
+	timer := time.NewTimer(s.opts.DrainTimeout)
+	defer timer.Stop()
+	select {
+	case <-stopped:
+		s.log.Info("frontend drained")
+	case <-timer.C:
+		s.log.Warn("frontend drain timed out; cancelling the calls still in flight", "drain_timeout", s.opts.DrainTimeout)
+		s.grpc.Stop()
+		<-stopped
+	}
+
+	if s.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), metricsShutdownTimeout)
+		defer cancel()
+		if err := s.http.Shutdown(ctx); err != nil {
+			s.http.Close()
+		}
+	}
+}
+
+// pollReady keeps the health service in step with readiness until stop is
+// closed; Backend.Ready is a poll, so this is the one place that polls it.
+func (s *Server) pollReady(stop <-chan struct{}) {
+	t := time.NewTicker(s.opts.ReadyPollInterval)
+	defer t.Stop()
+	serving := false
+	for {
+		if ready := s.svc.ready(); ready != serving {
+			serving = ready
+			s.setServing(ready)
+			s.log.Info("frontend readiness changed", "ready", ready)
+		}
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// setServing sets the health status of the server as a whole ("") and of
+// the inference service. After health.Shutdown it is a no-op.
+func (s *Server) setServing(ok bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(inference.GRPCInferenceService_ServiceDesc.ServiceName, st)
+}
+
+// endStreamsOnDrain ties every streaming call (health Watch, reflection; the
+// inference service has none) to the drain, so that GracefulStop does not
+// wait for streams that never end on their own.
+func (s *Server) endStreamsOnDrain(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	stop := context.AfterFunc(s.streamsDone, cancel)
+	defer stop()
+	return handler(srv, &drainStream{ServerStream: ss, ctx: ctx})
+}
+
+type drainStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (d *drainStream) Context() context.Context { return d.ctx }

@@ -1,0 +1,517 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/recmesh/recmesh/proto/inference"
+)
+
+// testServer is a Server running in the test on loopback ports.
+type testServer struct {
+	srv  *Server
+	conn *grpc.ClientConn
+	api  inference.GRPCInferenceServiceClient
+	stop context.CancelFunc
+	done chan error // Run's result
+}
+
+func startServer(t *testing.T, f *fakeBackend, edit func(*Options)) *testServer {
+	t.Helper()
+	opts := Options{
+		Listen:            "127.0.0.1:0",
+		MetricsAddr:       "127.0.0.1:0",
+		Model:             testConfig(),
+		Backend:           f,
+		MaxBatch:          f.capacity,
+		ReadyPollInterval: 5 * time.Millisecond,
+		Logger:            discardLogger(),
+		Version:           "test",
+	}
+	if edit != nil {
+		edit(&opts)
+	}
+	srv, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ts := &testServer{srv: srv, stop: cancel, done: make(chan error, 1)}
+	go func() { ts.done <- srv.Run(ctx) }()
+	ts.conn = dial(t, srv.Addr().String())
+	ts.api = inference.NewGRPCInferenceServiceClient(ts.conn)
+	t.Cleanup(func() {
+		cancel()
+		ts.wait(t, 30*time.Second)
+	})
+	return ts
+}
+
+// wait waits for Run to return and reports its error.
+func (ts *testServer) wait(t *testing.T, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-ts.done:
+		ts.done <- err // later waits see it too
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("Run did not return within %v", timeout)
+		return nil
+	}
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func healthStatus(conn *grpc.ClientConn, service string) healthpb.HealthCheckResponse_ServingStatus {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		return healthpb.HealthCheckResponse_UNKNOWN
+	}
+	return resp.Status
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+func TestServerProbesAndMetadata(t *testing.T) {
+	f := newFakeBackend()
+	ts := startServer(t, f, nil)
+	ctx := context.Background()
+	metricsURL := "http://" + ts.srv.MetricsAddr().String()
+
+	live, err := ts.api.ServerLive(ctx, &inference.ServerLiveRequest{})
+	if err != nil || !live.Live {
+		t.Fatalf("ServerLive = %v, %v", live, err)
+	}
+	waitFor(t, 10*time.Second, "health SERVING", func() bool {
+		return healthStatus(ts.conn, "") == healthpb.HealthCheckResponse_SERVING &&
+			healthStatus(ts.conn, "inference.GRPCInferenceService") == healthpb.HealthCheckResponse_SERVING
+	})
+	ready, err := ts.api.ServerReady(ctx, &inference.ServerReadyRequest{})
+	if err != nil || !ready.Ready {
+		t.Fatalf("ServerReady = %v, %v", ready, err)
+	}
+	for _, v := range []string{"", "1"} {
+		mr, err := ts.api.ModelReady(ctx, &inference.ModelReadyRequest{Name: "dlrm", Version: v})
+		if err != nil || !mr.Ready {
+			t.Errorf("ModelReady(dlrm, %q) = %v, %v", v, mr, err)
+		}
+	}
+	if _, err := ts.api.ModelReady(ctx, &inference.ModelReadyRequest{Name: "other"}); status.Code(err) != codes.NotFound {
+		t.Errorf("ModelReady(other): %v, want NotFound", err)
+	}
+	if code, body := httpGet(t, metricsURL+"/readyz"); code != 200 {
+		t.Errorf("/readyz = %d %q", code, body)
+	}
+	if code, body := httpGet(t, metricsURL+"/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+
+	sm, err := ts.api.ServerMetadata(ctx, &inference.ServerMetadataRequest{})
+	if err != nil || sm.Name != "recmesh" || sm.Version != "test" {
+		t.Errorf("ServerMetadata = %v, %v", sm, err)
+	}
+	type tm = inference.ModelMetadataResponse_TensorMetadata
+	wantMeta := &inference.ModelMetadataResponse{
+		Name: "dlrm", Versions: []string{"1"}, Platform: "recmesh_dlrm",
+		Inputs: []*tm{
+			{Name: "dense", Datatype: "FP32", Shape: []int64{-1, 13}},
+			{Name: "sparse", Datatype: "INT32", Shape: []int64{-1, 214}},
+		},
+		Outputs: []*tm{{Name: "score", Datatype: "FP32", Shape: []int64{-1, 1}}},
+	}
+	for _, v := range []string{"", "1"} {
+		md, err := ts.api.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: "dlrm", Version: v})
+		if err != nil || !proto.Equal(md, wantMeta) {
+			t.Errorf("ModelMetadata(%q) = %v, %v\nwant %v", v, md, err, wantMeta)
+		}
+	}
+	_, err = ts.api.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: "dlrm", Version: "3"})
+	if st := status.Convert(err); st.Code() != codes.NotFound || st.Message() != "model 'dlrm' has no version '3'; available: '1'" {
+		t.Errorf("ModelMetadata(dlrm, 3) = %v", err)
+	}
+
+	// Readiness follows the backend, everywhere it is reported.
+	f.notReady.Store(true)
+	waitFor(t, 10*time.Second, "health NOT_SERVING", func() bool {
+		return healthStatus(ts.conn, "") == healthpb.HealthCheckResponse_NOT_SERVING
+	})
+	if r, err := ts.api.ServerReady(ctx, &inference.ServerReadyRequest{}); err != nil || r.Ready {
+		t.Errorf("ServerReady with the backend down = %v, %v", r, err)
+	}
+	if r, err := ts.api.ModelReady(ctx, &inference.ModelReadyRequest{Name: "dlrm"}); err != nil || r.Ready {
+		t.Errorf("ModelReady with the backend down = %v, %v", r, err)
+	}
+	if code, _ := httpGet(t, metricsURL+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with the backend down = %d", code)
+	}
+	if live, err := ts.api.ServerLive(ctx, &inference.ServerLiveRequest{}); err != nil || !live.Live {
+		t.Errorf("ServerLive with the backend down = %v, %v", live, err)
+	}
+	f.notReady.Store(false)
+	waitFor(t, 10*time.Second, "health SERVING again", func() bool {
+		return healthStatus(ts.conn, "") == healthpb.HealthCheckResponse_SERVING
+	})
+
+	dense, sparse := inputs(2)
+	if _, err := ts.api.ModelInfer(ctx, rawRequest(dense, sparse, 2, false)); err != nil {
+		t.Fatal(err)
+	}
+	_, body := httpGet(t, metricsURL+"/metrics")
+	for _, want := range []string{
+		`recmesh_frontend_requests_total{code="OK"} 1`,
+		`recmesh_frontend_examples_total 2`,
+		`recmesh_frontend_inflight_requests 0`,
+		`recmesh_frontend_request_duration_seconds_count 1`,
+	} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestServerReflection(t *testing.T) {
+	ts := startServer(t, newFakeBackend(), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := reflectionpb.NewServerReflectionClient(ts.conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{
+		MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.Name)
+	}
+	for _, want := range []string{"inference.GRPCInferenceService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("reflection lists %v, lacking %s", names, want)
+		}
+	}
+	stream.CloseSend()
+}
+
+// TestServerLargestRequest sends MaxBatch examples with INT64 ids raw, a
+// 7 MB message, past grpc-go's default 4 MB receive limit.
+func TestServerLargestRequest(t *testing.T) {
+	f := newFakeBackend()
+	f.capacity = DefaultMaxBatch
+	f.record = false
+	ts := startServer(t, f, nil)
+	dense, sparse := inputs(DefaultMaxBatch)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req := rawRequest(dense, sparse, DefaultMaxBatch, true)
+	if n := proto.Size(req); n <= 4<<20 {
+		t.Fatalf("request is only %d bytes", n)
+	}
+	resp, err := ts.api.ModelInfer(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if scores, _ := responseScores(t, resp); len(scores) != DefaultMaxBatch {
+		t.Fatalf("%d scores", len(scores))
+	}
+}
+
+// TestDrain: readiness turns false first while calls are still served,
+// then new connections are refused while the call in flight completes, then
+// the backend is closed and Run returns nil.
+func TestDrain(t *testing.T) {
+	f := newFakeBackend()
+	f.block = make(chan struct{})
+	f.entered = make(chan struct{}, 4)
+	ts := startServer(t, f, func(o *Options) { o.DrainDelay = 300 * time.Millisecond })
+	addr := ts.srv.Addr().String()
+	waitFor(t, 10*time.Second, "health SERVING", func() bool {
+		return healthStatus(ts.conn, "") == healthpb.HealthCheckResponse_SERVING
+	})
+
+	dense, sparse := inputs(2)
+	inflight := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := ts.api.ModelInfer(ctx, rawRequest(dense, sparse, 2, false))
+		inflight <- err
+	}()
+	<-f.entered
+
+	ts.stop()
+	waitFor(t, 5*time.Second, "health NOT_SERVING", func() bool {
+		return healthStatus(ts.conn, "") == healthpb.HealthCheckResponse_NOT_SERVING
+	})
+	if r, err := ts.api.ServerReady(context.Background(), &inference.ServerReadyRequest{}); err != nil || r.Ready {
+		t.Errorf("ServerReady while draining = %v, %v", r, err)
+	}
+	waitFor(t, 10*time.Second, "new connections refused", func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return true
+		}
+		c.Close()
+		return false
+	})
+	select {
+	case err := <-inflight:
+		t.Fatalf("call in flight ended before it was released: %v", err)
+	default:
+	}
+	if c := f.closes.Load(); c != 0 {
+		t.Fatalf("backend closed with a call in flight")
+	}
+	close(f.block)
+	if err := <-inflight; err != nil {
+		t.Errorf("call in flight failed: %v", err)
+	}
+	if err := ts.wait(t, 10*time.Second); err != nil {
+		t.Errorf("Run = %v", err)
+	}
+	if c := f.closes.Load(); c != 1 {
+		t.Errorf("backend closed %d times, want 1", c)
+	}
+}
+
+// TestDrainTimeout: calls still running after DrainTimeout are cancelled.
+func TestDrainTimeout(t *testing.T) {
+	f := newFakeBackend()
+	f.block = make(chan struct{}) // never closed
+	f.entered = make(chan struct{}, 1)
+	ts := startServer(t, f, func(o *Options) { o.DrainTimeout = 100 * time.Millisecond })
+	dense, sparse := inputs(1)
+	inflight := make(chan error, 1)
+	go func() {
+		_, err := ts.api.ModelInfer(context.Background(), rawRequest(dense, sparse, 1, false))
+		inflight <- err
+	}()
+	<-f.entered
+	ts.stop()
+	if err := ts.wait(t, 10*time.Second); err != nil {
+		t.Errorf("Run = %v", err)
+	}
+	if code := status.Code(<-inflight); code != codes.Unavailable && code != codes.Canceled {
+		t.Errorf("call cut by the drain timeout got %v, want Unavailable or Canceled", code)
+	}
+	if c := f.closes.Load(); c != 1 {
+		t.Errorf("backend closed %d times, want 1", c)
+	}
+}
+
+// TestDrainEndsStreams: an open health Watch does not hold the drain until
+// DrainTimeout.
+func TestDrainEndsStreams(t *testing.T) {
+	ts := startServer(t, newFakeBackend(), func(o *Options) { o.DrainTimeout = time.Minute })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watch, err := healthpb.NewHealthClient(ts.conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ts.stop()
+	if err := ts.wait(t, 20*time.Second); err != nil {
+		t.Errorf("Run = %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("drain took %v with a Watch open", d)
+	}
+	for {
+		if _, err := watch.Recv(); err != nil {
+			break
+		}
+	}
+}
+
+// TestTracing: with a TracerProvider, the server span continues the
+// caller's W3C trace and its context reaches Slot.Submit; health checks are
+// not traced.
+func TestTracing(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+	f := newFakeBackend()
+	ts := startServer(t, f, func(o *Options) { o.TracerProvider = tp })
+
+	traceID, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
+	parent, _ := trace.SpanIDFromHex("b7ad6b7169203331")
+	caller := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: parent, TraceFlags: trace.FlagsSampled, Remote: true})
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), caller), carrier)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", carrier["traceparent"])
+
+	healthStatus(ts.conn, "")
+	dense, sparse := inputs(1)
+	if _, err := ts.api.ModelInfer(ctx, rawRequest(dense, sparse, 1, false)); err != nil {
+		t.Fatal(err)
+	}
+	var server sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if strings.Contains(s.Name(), "Health") {
+			t.Errorf("health check traced: %s", s.Name())
+		}
+		if s.Name() == "inference.GRPCInferenceService/ModelInfer" {
+			server = s
+		}
+	}
+	if server == nil {
+		t.Fatalf("no ModelInfer span among %d", len(rec.Ended()))
+	}
+	if server.Parent().SpanID() != parent || server.SpanContext().TraceID() != traceID {
+		t.Errorf("server span does not continue the caller's trace")
+	}
+	f.mu.Lock()
+	tc := f.lastTC
+	f.mu.Unlock()
+	want := TraceContext{TraceID: traceID, SpanID: server.SpanContext().SpanID(), Flags: 1}
+	if tc != want {
+		t.Errorf("Submit got trace context %+v, want %+v", tc, want)
+	}
+
+	// Untraced servers hand the backend a zero TraceContext.
+	f2 := newFakeBackend()
+	ts2 := startServer(t, f2, nil)
+	if _, err := ts2.api.ModelInfer(ctx, rawRequest(dense, sparse, 1, false)); err != nil {
+		t.Fatal(err)
+	}
+	if !f2.lastTC.IsZero() {
+		t.Errorf("untraced server passed %+v", f2.lastTC)
+	}
+}
+
+func TestOptionErrors(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0") // no SO_REUSEPORT: nobody may share it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	bad := testConfig()
+	bad.Hotness = bad.Hotness[:3]
+	for _, tc := range []struct {
+		name   string
+		edit   func(*Options)
+		option string
+		listen bool // the error comes from Listen, not New
+	}{
+		{"no backend", func(o *Options) { o.Backend = nil }, "Backend", false},
+		{"bad model", func(o *Options) { o.Model = bad }, "Model", false},
+		{"no model", func(o *Options) { o.Model.VocabSizes = nil }, "Model", false},
+		{"max batch too big", func(o *Options) { o.MaxBatch = MaxMaxBatch + 1 }, "MaxBatch", false},
+		{"max batch negative", func(o *Options) { o.MaxBatch = -1 }, "MaxBatch", false},
+		{"drain timeout negative", func(o *Options) { o.DrainTimeout = -time.Second }, "DrainTimeout", false},
+		{"drain delay negative", func(o *Options) { o.DrainDelay = -time.Second }, "DrainDelay", false},
+		{"listen busy", func(o *Options) { o.Listen = busy.Addr().String() }, "Listen", true},
+		{"listen malformed", func(o *Options) { o.Listen = "127.0.0.1:notaport" }, "Listen", true},
+		{"metrics busy", func(o *Options) { o.MetricsAddr = busy.Addr().String() }, "MetricsAddr", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := Options{Listen: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", Model: testConfig(), Backend: newFakeBackend(), Logger: discardLogger()}
+			tc.edit(&opts)
+			srv, err := New(opts)
+			if tc.listen {
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = srv.Listen()
+				if srv.Addr() != nil {
+					srv.lis.Close()
+				}
+			}
+			var oe *OptionError
+			if !errors.As(err, &oe) || oe.Option != tc.option {
+				t.Fatalf("got %v, want an OptionError for %s", err, tc.option)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// TestReusePort: two servers bind one port.
+func TestReusePort(t *testing.T) {
+	a := startServer(t, newFakeBackend(), nil)
+	b := startServer(t, newFakeBackend(), func(o *Options) { o.Listen = a.srv.Addr().String() })
+	if a.srv.Addr().String() != b.srv.Addr().String() {
+		t.Fatalf("servers on %v and %v", a.srv.Addr(), b.srv.Addr())
+	}
+	ctx := context.Background()
+	for i := range 4 {
+		conn := dial(t, a.srv.Addr().String())
+		if _, err := inference.NewGRPCInferenceServiceClient(conn).ServerLive(ctx, &inference.ServerLiveRequest{}); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+	}
+}
+
+func TestRunTwice(t *testing.T) {
+	f := newFakeBackend()
+	srv, err := New(Options{Listen: "127.0.0.1:0", MetricsAddr: MetricsOff, Model: testConfig(), Backend: f, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := srv.Run(ctx); err != nil {
+		t.Fatalf("Run with a done context = %v", err)
+	}
+	if err := srv.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("second Run = %v", err)
+	}
+	if c := f.closes.Load(); c != 1 {
+		t.Errorf("backend closed %d times, want 1", c)
+	}
+}

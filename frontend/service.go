@@ -1,0 +1,177 @@
+package frontend
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/status"
+
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/inference"
+)
+
+// service implements inference.GRPCInferenceServiceServer for one model.
+type service struct {
+	inference.UnimplementedGRPCInferenceServiceServer
+
+	schema   *schema
+	backend  Backend
+	metrics  *metrics
+	version  string
+	draining *atomic.Bool
+}
+
+// ready is the readiness every probe reports: the backend can serve and the
+// server is not draining.
+func (s *service) ready() bool { return !s.draining.Load() && s.backend.Ready() }
+
+// ServerLive is true while the process answers at all.
+func (s *service) ServerLive(context.Context, *inference.ServerLiveRequest) (*inference.ServerLiveResponse, error) {
+	return &inference.ServerLiveResponse{Live: true}, nil
+}
+
+// ServerReady is true when the one model is ready.
+func (s *service) ServerReady(context.Context, *inference.ServerReadyRequest) (*inference.ServerReadyResponse, error) {
+	return &inference.ServerReadyResponse{Ready: s.ready()}, nil
+}
+
+// ModelReady answers NOT_FOUND for a model or version this server lacks.
+func (s *service) ModelReady(_ context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
+	if err := s.schema.checkModel(req.Name, req.Version); err != nil {
+		return nil, err
+	}
+	return &inference.ModelReadyResponse{Ready: s.ready()}, nil
+}
+
+// ServerMetadata reports no extensions: the v2 protocol defines none for
+// gRPC, and recmesh implements none of Triton's (model repository,
+// statistics, sequences, …).
+func (s *service) ServerMetadata(context.Context, *inference.ServerMetadataRequest) (*inference.ServerMetadataResponse, error) {
+	return &inference.ServerMetadataResponse{Name: ServerName, Version: s.version, Extensions: []string{}}, nil
+}
+
+// ModelMetadata describes the tensors of decode.go. The sparse input is
+// declared INT32, the type the backend consumes and half the bytes on the
+// wire; INT64 is accepted as well (ids must fit their table either way).
+func (s *service) ModelMetadata(_ context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
+	if err := s.schema.checkModel(req.Name, req.Version); err != nil {
+		return nil, err
+	}
+	type tm = inference.ModelMetadataResponse_TensorMetadata
+	return &inference.ModelMetadataResponse{
+		Name:     s.schema.name,
+		Versions: []string{s.schema.version},
+		Platform: Platform,
+		Inputs: []*tm{
+			{Name: inputDense, Datatype: typeFP32, Shape: []int64{-1, model.NumDense}},
+			{Name: inputSparse, Datatype: typeINT32, Shape: []int64{-1, int64(s.schema.width)}},
+		},
+		Outputs: []*tm{
+			{Name: outputScore, Datatype: typeFP32, Shape: []int64{-1, 1}},
+		},
+	}, nil
+}
+
+// ModelInfer validates the request from its bytes, then acquires a backend
+// slot, decodes the inputs straight into it, submits it and answers with
+// the scores. A request that fails validation never reaches the backend.
+func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
+	start := time.Now()
+	s.metrics.inflight.Inc()
+	resp, n, err := s.infer(ctx, req)
+	s.metrics.inflight.Dec()
+	s.metrics.done(start, n, status.Code(err))
+	return resp, err
+}
+
+// infer is ModelInfer without the bookkeeping; n is the batch size.
+func (s *service) infer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, int, error) {
+	var in inferInput
+	if err := s.schema.parse(req, &in); err != nil {
+		return nil, 0, err
+	}
+	n := in.n
+	slot, err := s.backend.Acquire(ctx, n)
+	if err != nil {
+		return nil, n, backendStatus(err)
+	}
+	defer slot.Release()
+	dense, sparse := slot.Dense(), slot.Sparse()
+	if len(dense) != n*model.NumDense || len(sparse) != n*s.schema.width {
+		return nil, n, contractError("slot for %d examples has %d dense and %d sparse values", n, len(dense), len(sparse))
+	}
+	in.dense.copyDense(dense)
+	in.sparse.copySparse(sparse)
+	scores, err := slot.Submit(ctx, traceContext(ctx))
+	if err != nil {
+		return nil, n, backendStatus(err)
+	}
+	if len(scores) != n {
+		return nil, n, contractError("%d scores for %d examples", len(scores), n)
+	}
+	return s.reply(req, scores, in.rawOutput), n, nil
+}
+
+// traceContext is the current span's context, as handed to the backend.
+func traceContext(ctx context.Context) TraceContext {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return TraceContext{}
+	}
+	return TraceContext{TraceID: sc.TraceID(), SpanID: sc.SpanID(), Flags: byte(sc.TraceFlags())}
+}
+
+// inlineScores is how many scores a reply holds without a second
+// allocation: most recommendation calls rank a few dozen candidates.
+const inlineScores = 64
+
+// reply is a ModelInferResponse with everything it points to laid out in one
+// allocation. It is not pooled: grpc-go keeps using the response after the
+// handler returns (encoding, stats handlers' OutPayload, binary logging) and
+// gives no signal when it is done, so recycling it could race; one
+// allocation per call (two above inlineScores) is the floor.
+type reply struct {
+	resp     inference.ModelInferResponse
+	out      inference.ModelInferResponse_InferOutputTensor
+	contents inference.InferTensorContents
+	outs     [1]*inference.ModelInferResponse_InferOutputTensor
+	raw      [1][]byte
+	shape    [2]int64
+	inline   [4 * inlineScores]byte
+}
+
+// reply builds the response for scores (copied: they are only valid until
+// the slot is released), raw or typed as decode.go's rule says.
+func (s *service) reply(req *inference.ModelInferRequest, scores []float32, raw bool) *inference.ModelInferResponse {
+	r := new(reply)
+	r.shape = [2]int64{int64(len(scores)), 1}
+	r.out.Name = outputScore
+	r.out.Datatype = typeFP32
+	r.out.Shape = r.shape[:]
+	r.outs[0] = &r.out
+	r.resp.ModelName = s.schema.name
+	r.resp.ModelVersion = s.schema.version
+	r.resp.Id = req.Id
+	r.resp.Outputs = r.outs[:]
+	if !raw {
+		r.contents.Fp32Contents = append([]float32(nil), scores...)
+		r.out.Contents = &r.contents
+		return &r.resp
+	}
+	var b []byte
+	if len(scores) <= inlineScores {
+		b = r.inline[:4*len(scores)]
+	} else {
+		b = make([]byte, 4*len(scores))
+	}
+	for i, v := range scores {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	r.raw[0] = b
+	r.resp.RawOutputContents = r.raw[:]
+	return &r.resp
+}
