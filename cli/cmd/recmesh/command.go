@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/recmesh/recmesh/cli/internal/flagenv"
+	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
 
 // Exit codes.

@@ -1,0 +1,421 @@
+package deploy
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/compose-spec/compose-go/v2/types"
+	"sigs.k8s.io/yaml"
+)
+
+// The compose services the deployment is made of.
+var composeServices = []string{"nats", "bundle", "embedder", "accelerator", "frontend", "jaeger", "prometheus", "grafana"}
+
+// Segment geometry (see shm): each lane has a 32 MiB arena, and there are
+// two staging buffers of about 57 MiB.
+const (
+	laneArenaBytes   = 32 << 20
+	stagingBuffers   = 2
+	stagingBytes     = 57 << 20
+	defaultLaneCount = 16
+)
+
+// segmentBytes is the shared-memory segment's size for lanes lanes.
+func segmentBytes(lanes int) int64 {
+	return int64(lanes)*laneArenaBytes + stagingBuffers*stagingBytes
+}
+
+func env(s types.ServiceConfig, name string) string {
+	if v, ok := s.Environment[name]; ok && v != nil {
+		return *v
+	}
+	return ""
+}
+
+func TestComposeServices(t *testing.T) {
+	p := loadCompose(t, nil, "compose.yaml")
+	for _, name := range composeServices {
+		if _, ok := p.Services[name]; !ok {
+			t.Errorf("compose.yaml has no service %q", name)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	fe := p.Services["frontend"]
+	if fe.ContainerName != "" {
+		t.Errorf("frontend has container_name %q: --scale frontend=N needs none", fe.ContainerName)
+	}
+	if len(fe.Ports) != 0 {
+		t.Errorf("frontend publishes ports %v: replicas share the embedder's published port", fe.Ports)
+	}
+	for what, got := range map[string]string{"ipc": fe.Ipc, "network_mode": fe.NetworkMode, "pid": fe.Pid} {
+		if got != "service:embedder" {
+			t.Errorf("frontend %s is %q; want service:embedder", what, got)
+		}
+	}
+	acc := p.Services["accelerator"]
+	if acc.Ipc != "service:embedder" || acc.Pid != "service:embedder" {
+		t.Errorf("accelerator ipc %q pid %q; want both service:embedder", acc.Ipc, acc.Pid)
+	}
+
+	emb := p.Services["embedder"]
+	if emb.Ipc != "shareable" {
+		t.Errorf("embedder ipc is %q; want shareable", emb.Ipc)
+	}
+	lanes := defaultLaneCount
+	if v := env(emb, "RECMESH_LANES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("embedder RECMESH_LANES=%q: %v", v, err)
+		}
+		lanes = n
+	}
+	if need := segmentBytes(lanes); int64(emb.ShmSize) < need {
+		t.Errorf("embedder shm_size %d bytes is less than the %d-lane segment's %d", emb.ShmSize, lanes, need)
+	}
+	// The frontends listen in the embedder's network namespace, so the
+	// embedder publishes their port.
+	fePort, err := strconv.Atoi(env(fe, "RECMESH_FRONTEND_PORT"))
+	if err != nil {
+		t.Fatalf("frontend RECMESH_FRONTEND_PORT: %v", err)
+	}
+	published := false
+	for _, port := range emb.Ports {
+		published = published || port.Target == uint32(fePort)
+	}
+	if !published {
+		t.Errorf("embedder publishes %v; want the frontends' port %d", emb.Ports, fePort)
+	}
+
+	// Every process reads the same bundle, which the bundle service writes.
+	bundle := p.Services["bundle"]
+	out := env(emb, "RECMESH_BUNDLE")
+	cmd := strings.Join(append(append([]string{}, bundle.Entrypoint...), bundle.Command...), " ")
+	for _, want := range []string{"test -f " + out + "/model.safetensors", "recmesh export", "--out " + out} {
+		if !strings.Contains(cmd, want) {
+			t.Errorf("bundle service runs %q; want it to contain %q", cmd, want)
+		}
+	}
+	for _, name := range []string{"bundle", "embedder", "accelerator", "frontend"} {
+		s := p.Services[name]
+		if got := env(s, "RECMESH_BUNDLE"); name != "bundle" && got != out {
+			t.Errorf("%s RECMESH_BUNDLE=%q; want %q as the embedder", name, got, out)
+		}
+		mounted := false
+		for _, v := range s.Volumes {
+			if v.Type == types.VolumeTypeVolume && v.Source == "bundle" && strings.HasPrefix(out+"/", v.Target+"/") {
+				mounted = true
+				if name == "bundle" && v.ReadOnly {
+					t.Errorf("bundle service mounts the bundle volume read-only; it writes it")
+				}
+			}
+		}
+		if !mounted {
+			t.Errorf("%s does not mount the bundle volume over %s", name, out)
+		}
+	}
+}
+
+// TestComposeReadiness: every service has a health check, or is a one-shot
+// job that others wait for with service_completed_successfully; every
+// dependency waits for a condition the dependency can meet.
+func TestComposeReadiness(t *testing.T) {
+	p := loadCompose(t, nil, "compose.yaml")
+	awaitedDone := map[string]bool{}
+	for name, s := range p.Services {
+		for dep, d := range s.DependsOn {
+			target, ok := p.Services[dep]
+			if !ok {
+				t.Errorf("%s depends on unknown service %s", name, dep)
+				continue
+			}
+			switch d.Condition {
+			case types.ServiceConditionHealthy:
+				if !hasHealthcheck(target) {
+					t.Errorf("%s waits for %s to be healthy, which has no health check", name, dep)
+				}
+			case types.ServiceConditionCompletedSuccessfully:
+				if target.Restart != "" && target.Restart != "no" {
+					t.Errorf("%s waits for %s to complete, which restarts (%s)", name, dep, target.Restart)
+				}
+				awaitedDone[dep] = true
+			default:
+				t.Errorf("%s depends on %s with condition %q; want service_healthy or service_completed_successfully", name, dep, d.Condition)
+			}
+		}
+	}
+	for name, s := range p.Services {
+		if !hasHealthcheck(s) && !awaitedDone[name] {
+			t.Errorf("%s has no health check and no service waits for it to complete", name)
+		}
+	}
+	// The serving chain starts in order: bundle and NATS, the embedder,
+	// the accelerator, the frontends.
+	for svc, deps := range map[string]map[string]string{
+		"embedder":    {"bundle": types.ServiceConditionCompletedSuccessfully, "nats": types.ServiceConditionHealthy},
+		"accelerator": {"embedder": types.ServiceConditionHealthy},
+		"frontend":    {"embedder": types.ServiceConditionHealthy, "accelerator": types.ServiceConditionHealthy},
+		"grafana":     {"prometheus": types.ServiceConditionHealthy, "jaeger": types.ServiceConditionHealthy},
+	} {
+		for dep, cond := range deps {
+			if got := p.Services[svc].DependsOn[dep].Condition; got != cond {
+				t.Errorf("%s depends on %s with %q; want %q", svc, dep, got, cond)
+			}
+		}
+	}
+}
+
+func hasHealthcheck(s types.ServiceConfig) bool {
+	h := s.HealthCheck
+	return h != nil && !h.Disable && len(h.Test) > 0 && h.Test[0] != "NONE"
+}
+
+// processServices are the compose services that run a recmesh process
+// serving /metrics, keyed by process.
+func processServices(t *testing.T, p *types.Project) map[string]types.ServiceConfig {
+	t.Helper()
+	out := map[string]types.ServiceConfig{}
+	for _, proc := range Processes {
+		s, ok := p.Services[proc]
+		if !ok {
+			t.Fatalf("no compose service for process %s", proc)
+		}
+		out[proc] = s
+	}
+	return out
+}
+
+// metricsPorts parses a RECMESH_METRICS_ADDR: ":9102", or a range
+// ":9110-9125" of which a process binds the first free port.
+func metricsPorts(addr string) ([]int, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	lo, hi, isRange := strings.Cut(port, "-")
+	a, err := strconv.Atoi(lo)
+	if err != nil {
+		return nil, err
+	}
+	b := a
+	if isRange {
+		if b, err = strconv.Atoi(hi); err != nil {
+			return nil, err
+		}
+	}
+	if b < a {
+		return nil, fmt.Errorf("empty port range %s", port)
+	}
+	var ports []int
+	for i := a; i <= b; i++ {
+		ports = append(ports, i)
+	}
+	return ports, nil
+}
+
+// networkHost is the name under which the other services reach s: its own
+// service name, or that of the service whose network namespace it joins.
+func networkHost(name string, s types.ServiceConfig) string {
+	if rest, ok := strings.CutPrefix(s.NetworkMode, types.NetworkModeServicePrefix); ok {
+		return rest
+	}
+	return name
+}
+
+// TestComposeHealthchecks: each recmesh process is checked with `recmesh
+// health` on the address it serves (/healthz on its metrics port, or the
+// frontend's gRPC health service).
+func TestComposeHealthchecks(t *testing.T) {
+	p := loadCompose(t, nil, "compose.yaml")
+	for proc, s := range processServices(t, p) {
+		test := strings.Join(s.HealthCheck.Test, " ")
+		if !strings.Contains(test, "/usr/local/bin/recmesh health") {
+			t.Errorf("%s health check %q: want /usr/local/bin/recmesh health", proc, test)
+			continue
+		}
+		var want string
+		if proc == Frontend {
+			want = "--grpc 127.0.0.1:" + env(s, "RECMESH_FRONTEND_PORT")
+		} else {
+			ports, err := metricsPorts(env(s, "RECMESH_METRICS_ADDR"))
+			if err != nil || len(ports) != 1 {
+				t.Errorf("%s RECMESH_METRICS_ADDR=%q: want one port (%v)", proc, env(s, "RECMESH_METRICS_ADDR"), err)
+				continue
+			}
+			want = fmt.Sprintf("--http http://127.0.0.1:%d/healthz", ports[0])
+		}
+		if !strings.Contains(test, want) {
+			t.Errorf("%s health check %q: want %q", proc, test, want)
+		}
+	}
+}
+
+// prometheusConfig is the part of prometheus.yml the tests read.
+type prometheusConfig struct {
+	ScrapeConfigs []struct {
+		JobName       string `json:"job_name"`
+		StaticConfigs []struct {
+			Targets []string `json:"targets"`
+		} `json:"static_configs"`
+	} `json:"scrape_configs"`
+}
+
+// hostFile maps a path inside service s's container to the host file that
+// a bind mount puts there.
+func hostFile(t *testing.T, s types.ServiceConfig, inside string) string {
+	t.Helper()
+	for _, v := range s.Volumes {
+		if v.Type != types.VolumeTypeBind {
+			continue
+		}
+		if inside == v.Target {
+			return v.Source
+		}
+		if rest, ok := strings.CutPrefix(inside, v.Target+"/"); ok {
+			return filepath.Join(v.Source, filepath.FromSlash(rest))
+		}
+	}
+	t.Fatalf("service %s mounts nothing over %s", s.Name, inside)
+	return ""
+}
+
+// TestComposePrometheusTargets: Prometheus scrapes every port of every
+// recmesh process, at the address compose gives it.
+func TestComposePrometheusTargets(t *testing.T) {
+	p := loadCompose(t, nil, "compose.yaml")
+	prom := p.Services["prometheus"]
+	cfgPath := "/etc/prometheus/prometheus.yml"
+	for _, arg := range prom.Command {
+		if v, ok := strings.CutPrefix(arg, "--config.file="); ok {
+			cfgPath = v
+		}
+	}
+	data, err := os.ReadFile(hostFile(t, prom, cfgPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg prometheusConfig
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		t.Fatalf("prometheus.yml: %v", err)
+	}
+	jobOf := map[string]string{}
+	for _, sc := range cfg.ScrapeConfigs {
+		for _, st := range sc.StaticConfigs {
+			for _, target := range st.Targets {
+				jobOf[target] = sc.JobName
+			}
+		}
+	}
+	for proc, s := range processServices(t, p) {
+		ports, err := metricsPorts(env(s, "RECMESH_METRICS_ADDR"))
+		if err != nil {
+			t.Errorf("%s RECMESH_METRICS_ADDR=%q: %v", proc, env(s, "RECMESH_METRICS_ADDR"), err)
+			continue
+		}
+		host := networkHost(proc, s)
+		for _, port := range ports {
+			target := net.JoinHostPort(host, strconv.Itoa(port))
+			job, ok := jobOf[target]
+			switch {
+			case !ok:
+				t.Errorf("prometheus.yml does not scrape %s (process %s)", target, proc)
+			case job != proc:
+				t.Errorf("prometheus.yml scrapes %s (process %s) as job %q; want job %q, which the dashboard groups by", target, proc, job, proc)
+			}
+		}
+	}
+}
+
+// TestComposeImages: every image builds from files that exist, under the
+// build arguments compose passes; services that share an image tag share
+// its build.
+func TestComposeImages(t *testing.T) {
+	for _, files := range [][]string{{"compose.yaml"}, {"compose.yaml", "deploy/compose.cuda.yaml"}} {
+		p := loadCompose(t, nil, files...)
+		checkComposeImages(t, p)
+	}
+}
+
+func checkComposeImages(t *testing.T, p *types.Project) {
+	t.Helper()
+	bc := newBuildContext(t, repoRoot(t))
+	builds := map[string]string{}
+	for name, s := range p.Services {
+		if s.Build == nil {
+			continue
+		}
+		if s.Image == "" {
+			t.Errorf("%s builds an image but names no image tag", name)
+		}
+		if filepath.Clean(s.Build.Context) != filepath.Clean(bc.root) {
+			t.Errorf("%s build context %s; want the repository root", name, s.Build.Context)
+		}
+		file := filepath.Join(s.Build.Context, s.Build.Dockerfile)
+		if _, err := os.Stat(file); err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		rel, _ := filepath.Rel(bc.root, file)
+		idx := slices.IndexFunc(dockerfiles, func(d struct {
+			file     string
+			argSets  []map[string]string
+			binaries []string
+		}) bool {
+			return d.file == filepath.ToSlash(rel)
+		})
+		if idx < 0 {
+			t.Errorf("%s builds %s, which TestDockerfiles does not know", name, rel)
+			continue
+		}
+		args := map[string]string{}
+		for k, v := range s.Build.Args {
+			if v != nil {
+				args[k] = *v
+			}
+		}
+		d := parseDockerfile(t, file)
+		for _, problem := range checkImage(bc, d, args, dockerfiles[idx].binaries) {
+			t.Errorf("%s: %s", name, problem)
+		}
+		key := fmt.Sprintf("%s %v", rel, args)
+		if prev, ok := builds[s.Image]; ok && prev != key {
+			t.Errorf("image %s is built two ways: %s and %s", s.Image, prev, key)
+		}
+		builds[s.Image] = key
+	}
+}
+
+// TestComposeCUDA: the CUDA override builds the accelerator with the CUDA
+// plugin under its own tag and reserves a GPU for it.
+func TestComposeCUDA(t *testing.T) {
+	cpu := loadCompose(t, nil, "compose.yaml").Services["accelerator"]
+	p := loadCompose(t, nil, "compose.yaml", "deploy/compose.cuda.yaml")
+	acc := p.Services["accelerator"]
+	if v := acc.Build.Args["PJRT"]; v == nil || *v != "cuda" {
+		t.Errorf("accelerator build args %v; want PJRT=cuda", acc.Build.Args)
+	}
+	if acc.Image == cpu.Image {
+		t.Errorf("the CUDA accelerator image has the CPU one's tag %s", acc.Image)
+	}
+	gpu := false
+	if acc.Deploy != nil && acc.Deploy.Resources.Reservations != nil {
+		for _, d := range acc.Deploy.Resources.Reservations.Devices {
+			gpu = gpu || (d.Driver == "nvidia" && slices.Contains(d.Capabilities, "gpu"))
+		}
+	}
+	if !gpu {
+		t.Error("the CUDA override reserves no NVIDIA GPU for the accelerator")
+	}
+	// The override changes nothing else about how the mesh is wired.
+	if acc.Ipc != cpu.Ipc || acc.Pid != cpu.Pid || !hasHealthcheck(acc) {
+		t.Errorf("the CUDA override changed the accelerator's ipc/pid/health check")
+	}
+}

@@ -1,0 +1,39 @@
+# syntax=docker/dockerfile:1
+#
+# recmesh embedder: holds the embedding tables, owns the shared-memory
+# segment. Static Go binaries (no cgo) on Debian slim, which also gives the
+# bundle exporter step (compose's "bundle" service, the Kubernetes init
+# container) the shell it runs under. Runs as a non-root user.
+#
+# Build from the repository root (the build context is the Go workspace):
+#   docker build -f deploy/docker/embedder.Dockerfile -t recmesh/embedder:dev .
+
+ARG GO_IMAGE=golang:1.26-bookworm
+ARG RUNTIME_IMAGE=debian:bookworm-slim
+
+FROM ${GO_IMAGE} AS build
+WORKDIR /src
+ENV CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+COPY . .
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    go build -trimpath -ldflags="-s -w" -o /out/ ./embedder/cmd/embedder ./cli/cmd/recmesh
+
+FROM ${RUNTIME_IMAGE}
+# The same uid as distroless "nonroot" in the frontend image. /data is where
+# the bundle volume mounts: a new named volume takes this owner.
+RUN groupadd --system --gid 65532 nonroot \
+    && useradd --system --uid 65532 --gid 65532 --home-dir /home/nonroot --create-home \
+       --shell /usr/sbin/nologin nonroot \
+    && mkdir -p /data \
+    && chown 65532:65532 /data
+COPY --from=build /out/embedder /out/recmesh /usr/local/bin/
+USER 65532:65532
+ENV RECMESH_BUNDLE=/data/dlrm-cap1000 \
+    RECMESH_SHM_DIR=/dev/shm \
+    RECMESH_METRICS_ADDR=:9102 \
+    OTEL_SERVICE_NAME=recmesh-embedder
+EXPOSE 9102
+HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["/usr/local/bin/recmesh", "health", "--http", "http://127.0.0.1:9102/healthz"]
+ENTRYPOINT ["/usr/local/bin/embedder"]

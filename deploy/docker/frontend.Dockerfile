@@ -1,0 +1,34 @@
+# syntax=docker/dockerfile:1
+#
+# recmesh frontend: the Open Inference Protocol v2 gRPC server. Static Go
+# binaries (no cgo) on a distroless base, running as a non-root user.
+#
+# Build from the repository root (the build context is the Go workspace):
+#   docker build -f deploy/docker/frontend.Dockerfile -t recmesh/frontend:dev .
+
+ARG GO_IMAGE=golang:1.26-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/static-debian12:nonroot
+
+FROM ${GO_IMAGE} AS build
+WORKDIR /src
+ENV CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+COPY . .
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    go build -trimpath -ldflags="-s -w" -o /out/ ./frontend/cmd/frontend ./cli/cmd/recmesh
+
+FROM ${RUNTIME_IMAGE}
+COPY --from=build /out/frontend /out/recmesh /usr/local/bin/
+# Every recmesh image runs as 65532 (distroless "nonroot"), so the segment
+# files one process creates in the shared /dev/shm are the others' to map.
+USER 65532:65532
+# RECMESH_METRICS_ADDR is a range: replicas that share one network namespace
+# (compose --scale) each bind the first free port in it.
+ENV RECMESH_FRONTEND_PORT=8001 \
+    RECMESH_METRICS_ADDR=:9110-9125 \
+    RECMESH_SHM_DIR=/dev/shm \
+    OTEL_SERVICE_NAME=recmesh-frontend
+EXPOSE 8001
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["/usr/local/bin/recmesh", "health", "--grpc", "127.0.0.1:8001"]
+ENTRYPOINT ["/usr/local/bin/frontend"]

@@ -1,0 +1,545 @@
+package deploy
+
+import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/kustomize/api/krusty"
+	ktypes "sigs.k8s.io/kustomize/api/types"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+)
+
+const k8sDir = "k8s"
+
+// The kustomizations to render, and what sets each apart.
+var k8sVariants = []struct {
+	dir      string
+	shm      string // the shm volume: Memory, HugePages-2Mi or hostPath
+	gpu      bool
+	frontend bool // a separate frontend Deployment
+}{
+	{"base", "Memory", false, false},
+	{"overlays/hugepages", "HugePages-2Mi", false, false},
+	{"overlays/cuda", "Memory", true, false},
+	{"overlays/frontend-deployment", "hostPath", false, true},
+}
+
+// strictDecoder decodes manifests into the Kubernetes API types, failing
+// on unknown and duplicate fields, as kubectl --validate=strict does.
+func strictDecoder(t *testing.T) runtime.Decoder {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, autoscalingv2.AddToScheme,
+	} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme, scheme,
+		kjson.SerializerOptions{Yaml: true, Strict: true})
+}
+
+// splitYAML splits a multi-document YAML stream.
+func splitYAML(data []byte) [][]byte {
+	var docs [][]byte
+	for _, d := range bytes.Split(append([]byte("\n"), data...), []byte("\n---")) {
+		if len(bytes.TrimSpace(stripComments(d))) > 0 {
+			docs = append(docs, d)
+		}
+	}
+	return docs
+}
+
+func stripComments(d []byte) []byte {
+	var out [][]byte
+	for _, line := range bytes.Split(d, []byte("\n")) {
+		if !bytes.HasPrefix(bytes.TrimSpace(line), []byte("#")) {
+			out = append(out, line)
+		}
+	}
+	return bytes.Join(out, []byte("\n"))
+}
+
+func isKustomization(path string) bool {
+	switch filepath.Base(path) {
+	case "kustomization.yaml", "kustomization.yml", "Kustomization":
+		return true
+	}
+	return false
+}
+
+// TestK8sManifestsStrict decodes every manifest and patch under k8s/
+// strictly into the API types, and every kustomization strictly into
+// kustomize's type.
+func TestK8sManifestsStrict(t *testing.T) {
+	dec := strictDecoder(t)
+	n := 0
+	err := filepath.WalkDir(k8sDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !(strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml")) {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if isKustomization(path) {
+			var k ktypes.Kustomization
+			if err := yaml.UnmarshalStrict(data, &k); err != nil {
+				t.Errorf("%s: %v", path, err)
+			}
+			return nil
+		}
+		for i, doc := range splitYAML(data) {
+			n++
+			if _, _, err := dec.Decode(doc, nil, nil); err != nil {
+				t.Errorf("%s document %d: %v", path, i+1, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("no manifests under k8s/")
+	}
+}
+
+// TestK8sStrictDecoderCatches makes sure the decoder is strict.
+func TestK8sStrictDecoderCatches(t *testing.T) {
+	bad := []byte("apiVersion: v1\nkind: Service\nmetadata:\n  name: x\nspec:\n  selectr: {a: b}\n")
+	if _, _, err := strictDecoder(t).Decode(bad, nil, nil); err == nil || !strings.Contains(err.Error(), "selectr") {
+		t.Errorf("a misspelt field decoded: %v", err)
+	}
+}
+
+// rendered is one kustomize build, decoded.
+type rendered struct {
+	deployments map[string]*appsv1.Deployment
+	services    map[string]*corev1.Service
+	configMaps  map[string]*corev1.ConfigMap
+	pdbs        []*policyv1.PodDisruptionBudget
+	hpas        []*autoscalingv2.HorizontalPodAutoscaler
+	namespaces  map[string]*corev1.Namespace
+}
+
+// build renders dir with kustomize's Go API, as `kustomize build` does, and
+// decodes the output strictly.
+func build(t *testing.T, dir string) *rendered {
+	t.Helper()
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	abs, err := filepath.Abs(filepath.Join(k8sDir, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := k.Run(filesys.MakeFsOnDisk(), abs)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	out, err := m.AsYaml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rendered{
+		deployments: map[string]*appsv1.Deployment{},
+		services:    map[string]*corev1.Service{},
+		configMaps:  map[string]*corev1.ConfigMap{},
+		namespaces:  map[string]*corev1.Namespace{},
+	}
+	dec := strictDecoder(t)
+	for _, doc := range splitYAML(out) {
+		obj, gvk, err := dec.Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("kustomize build %s: %v\n%s", dir, err, doc)
+		}
+		switch o := obj.(type) {
+		case *appsv1.Deployment:
+			r.deployments[o.Name] = o
+		case *corev1.Service:
+			r.services[o.Name] = o
+		case *corev1.ConfigMap:
+			r.configMaps[o.Name] = o
+		case *corev1.Namespace:
+			r.namespaces[o.Name] = o
+		case *policyv1.PodDisruptionBudget:
+			r.pdbs = append(r.pdbs, o)
+		case *autoscalingv2.HorizontalPodAutoscaler:
+			r.hpas = append(r.hpas, o)
+		default:
+			t.Errorf("kustomize build %s: unexpected %v", dir, gvk)
+		}
+		if ns := obj.(interface{ GetNamespace() string }).GetNamespace(); gvk.Kind != "Namespace" && ns != "recmesh" {
+			t.Errorf("kustomize build %s: %s %v is in namespace %q; want recmesh", dir, gvk.Kind, obj, ns)
+		}
+	}
+	return r
+}
+
+func container(spec *corev1.PodSpec, name string) *corev1.Container {
+	for i := range spec.Containers {
+		if spec.Containers[i].Name == name {
+			return &spec.Containers[i]
+		}
+	}
+	return nil
+}
+
+func volume(spec *corev1.PodSpec, name string) *corev1.Volume {
+	for i := range spec.Volumes {
+		if spec.Volumes[i].Name == name {
+			return &spec.Volumes[i]
+		}
+	}
+	return nil
+}
+
+// containerEnv resolves a container's variable from env and the
+// ConfigMaps of envFrom.
+func (r *rendered) containerEnv(c *corev1.Container, name string) (string, bool) {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value, true
+		}
+	}
+	for _, ef := range c.EnvFrom {
+		if ef.ConfigMapRef == nil {
+			continue
+		}
+		if cm, ok := r.configMaps[ef.ConfigMapRef.Name]; ok {
+			if v, ok := cm.Data[name]; ok {
+				return v, true
+			}
+		}
+	}
+	return "", false
+}
+
+func TestK8sRender(t *testing.T) {
+	for _, v := range k8sVariants {
+		t.Run(strings.ReplaceAll(v.dir, "/", "_"), func(t *testing.T) {
+			r := build(t, v.dir)
+			checkWorkloads(t, r)
+			checkServing(t, r, v.shm, v.gpu)
+			checkRouting(t, r)
+			if v.frontend {
+				checkFrontendDeployment(t, r)
+			} else if len(r.hpas) != 0 || r.deployments["recmesh-frontend"] != nil {
+				t.Errorf("%s has a frontend Deployment or HPA; only the frontend-deployment overlay should", v.dir)
+			}
+		})
+	}
+}
+
+// checkWorkloads: every container has probes and resources, every
+// envFrom names a ConfigMap that exists, and every recmesh pod runs as
+// non-root.
+func checkWorkloads(t *testing.T, r *rendered) {
+	for name, d := range r.deployments {
+		spec := &d.Spec.Template.Spec
+		sel, err := metaSelector(d.Spec.Selector.MatchLabels)
+		if err != nil || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+			t.Errorf("deployment %s: selector %v does not match its pods %v", name, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
+		}
+		if sc := spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			t.Errorf("deployment %s: the pod does not set runAsNonRoot", name)
+		}
+		all := append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...)
+		for i, c := range all {
+			where := fmt.Sprintf("deployment %s container %s", name, c.Name)
+			init := i < len(spec.InitContainers)
+			req, lim := c.Resources.Requests, c.Resources.Limits
+			if req.Cpu().IsZero() || req.Memory().IsZero() {
+				t.Errorf("%s: want cpu and memory requests, have %v", where, req)
+			}
+			if lim.Memory().IsZero() {
+				t.Errorf("%s: want a memory limit, have %v", where, lim)
+			} else if lim.Memory().Cmp(*req.Memory()) < 0 {
+				t.Errorf("%s: memory limit %v below its request %v", where, lim.Memory(), req.Memory())
+			}
+			for _, ef := range c.EnvFrom {
+				if ef.ConfigMapRef != nil && r.configMaps[ef.ConfigMapRef.Name] == nil {
+					t.Errorf("%s: envFrom ConfigMap %s does not exist", where, ef.ConfigMapRef.Name)
+				}
+			}
+			if c.Image == "" {
+				t.Errorf("%s: no image", where)
+			}
+			if init {
+				continue
+			}
+			for kind, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+				if p == nil {
+					t.Errorf("%s: no %s probe", where, kind)
+					continue
+				}
+				checkProbePort(t, where, kind, &c, p)
+			}
+			if c.StartupProbe != nil {
+				checkProbePort(t, where, "startup", &c, c.StartupProbe)
+			}
+		}
+	}
+	// The NATS the configuration names is a Service here.
+	for _, cm := range r.configMaps {
+		if v, ok := cm.Data["NATS_URL"]; ok {
+			u, err := url.Parse(v)
+			if err != nil {
+				t.Errorf("NATS_URL %q: %v", v, err)
+				continue
+			}
+			svc := r.services[u.Hostname()]
+			if svc == nil || !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return strconv.Itoa(int(p.Port)) == u.Port() }) {
+				t.Errorf("NATS_URL %s: no Service %s with port %s", v, u.Hostname(), u.Port())
+			}
+		}
+	}
+}
+
+func metaSelector(m map[string]string) (labels.Selector, error) {
+	if len(m) == 0 {
+		return nil, fmt.Errorf("empty selector")
+	}
+	return labels.SelectorFromSet(m), nil
+}
+
+// checkProbePort: a probe's port is one the container declares.
+func checkProbePort(t *testing.T, where, kind string, c *corev1.Container, p *corev1.Probe) {
+	var port intstr.IntOrString
+	switch {
+	case p.HTTPGet != nil:
+		port = p.HTTPGet.Port
+	case p.TCPSocket != nil:
+		port = p.TCPSocket.Port
+	case p.GRPC != nil:
+		port = intstr.FromInt32(p.GRPC.Port)
+	case p.Exec != nil:
+		return
+	default:
+		t.Errorf("%s: %s probe has no handler", where, kind)
+		return
+	}
+	if !hasPort(c, port) {
+		t.Errorf("%s: %s probe port %s is not a port of the container", where, kind, port.String())
+	}
+}
+
+func hasPort(c *corev1.Container, port intstr.IntOrString) bool {
+	for _, cp := range c.Ports {
+		if (port.Type == intstr.String && cp.Name == port.StrVal) || (port.Type == intstr.Int && cp.ContainerPort == port.IntVal) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkServing: the serving pod runs the three processes in one PID
+// namespace, sharing the segment at the directory they are told to use.
+func checkServing(t *testing.T, r *rendered, shm string, gpu bool) {
+	d := r.deployments["recmesh-serving"]
+	if d == nil {
+		t.Fatal("no recmesh-serving Deployment")
+	}
+	spec := &d.Spec.Template.Spec
+	if spec.ShareProcessNamespace == nil || !*spec.ShareProcessNamespace {
+		t.Error("the serving pod does not share its process namespace (liveness checks use pids)")
+	}
+	lanes := defaultLaneCount
+	var shmMounts []string
+	for _, name := range Processes {
+		c := container(spec, name)
+		if c == nil {
+			t.Errorf("the serving pod has no %s container", name)
+			continue
+		}
+		if !strings.Contains(c.Image, "recmesh/"+name) {
+			t.Errorf("serving container %s runs image %s", name, c.Image)
+		}
+		dir, ok := r.containerEnv(c, "RECMESH_SHM_DIR")
+		if !ok {
+			t.Errorf("serving container %s has no RECMESH_SHM_DIR", name)
+		}
+		if v, ok := r.containerEnv(c, "RECMESH_LANES"); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Errorf("RECMESH_LANES=%q: %v", v, err)
+			}
+			lanes = max(lanes, n)
+		}
+		mounted := false
+		for _, m := range c.VolumeMounts {
+			if m.Name == "shm" {
+				mounted = m.MountPath == dir && !m.ReadOnly
+				shmMounts = append(shmMounts, m.MountPath)
+			}
+		}
+		if !mounted {
+			t.Errorf("serving container %s does not mount the shm volume writable at RECMESH_SHM_DIR %q", name, dir)
+		}
+	}
+	need := resource.NewQuantity(segmentBytes(lanes), resource.BinarySI)
+	v := volume(spec, "shm")
+	if v == nil {
+		t.Fatal("the serving pod has no shm volume")
+	}
+	emb := container(spec, Embedder)
+	switch shm {
+	case "Memory", "HugePages-2Mi":
+		if v.EmptyDir == nil || string(v.EmptyDir.Medium) != shm {
+			t.Fatalf("shm volume %+v; want an emptyDir of medium %s", v.VolumeSource, shm)
+		}
+		if shm == "Memory" {
+			if v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.Cmp(*need) < 0 {
+				t.Errorf("shm sizeLimit %v is below the %d-lane segment's %v", v.EmptyDir.SizeLimit, lanes, need)
+			} else if emb != nil && emb.Resources.Limits.Memory().Cmp(*v.EmptyDir.SizeLimit) <= 0 {
+				t.Errorf("embedder memory limit %v does not cover the shm volume's %v, which is charged to it", emb.Resources.Limits.Memory(), v.EmptyDir.SizeLimit)
+			}
+			break
+		}
+		// Huge pages: requested and limited alike, enough for the segment.
+		hp := corev1.ResourceName("hugepages-2Mi")
+		if emb == nil {
+			break
+		}
+		lim, req := emb.Resources.Limits[hp], emb.Resources.Requests[hp]
+		if lim.Cmp(req) != 0 || lim.Cmp(*need) < 0 {
+			t.Errorf("embedder hugepages-2Mi request %v limit %v; want them equal and at least %v", &req, &lim, need)
+		}
+	case "hostPath":
+		if v.HostPath == nil || v.EmptyDir != nil {
+			t.Fatalf("shm volume %+v; want a hostPath only", v.VolumeSource)
+		}
+	}
+	if gpu {
+		acc := container(spec, Accelerator)
+		if q := acc.Resources.Limits["nvidia.com/gpu"]; q.Value() < 1 {
+			t.Errorf("accelerator limits %v; want an nvidia.com/gpu", acc.Resources.Limits)
+		}
+		if !strings.HasSuffix(acc.Image, "-cuda") {
+			t.Errorf("accelerator image %s; want the CUDA build", acc.Image)
+		}
+	}
+	// Some budget covers the serving pods.
+	if !covered(r, d.Spec.Template.Labels) {
+		t.Error("no PodDisruptionBudget selects the serving pods")
+	}
+}
+
+func covered(r *rendered, podLabels map[string]string) bool {
+	for _, pdb := range r.pdbs {
+		if sel, err := metaSelector(pdb.Spec.Selector.MatchLabels); err == nil && sel.Matches(labels.Set(podLabels)) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkRouting: the Service reaches every pod that runs a frontend, at a
+// port each of them declares.
+func checkRouting(t *testing.T, r *rendered) {
+	svc := r.services["recmesh"]
+	if svc == nil {
+		t.Fatal("no recmesh Service")
+	}
+	sel, err := metaSelector(svc.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reached := 0
+	for name, d := range r.deployments {
+		fe := container(&d.Spec.Template.Spec, Frontend)
+		matches := sel.Matches(labels.Set(d.Spec.Template.Labels))
+		if (fe != nil) != matches {
+			t.Errorf("deployment %s: runs a frontend %v, selected by the Service %v", name, fe != nil, matches)
+		}
+		if fe == nil || !matches {
+			continue
+		}
+		reached++
+		for _, p := range svc.Spec.Ports {
+			if !hasPort(fe, p.TargetPort) {
+				t.Errorf("deployment %s: the frontend has no port %s for Service port %s", name, p.TargetPort.String(), p.Name)
+			}
+		}
+	}
+	if reached == 0 {
+		t.Error("the Service selects no frontend")
+	}
+}
+
+// checkFrontendDeployment: the separate frontends share the serving pods'
+// node directory for the segment, land on their nodes, and are scaled by
+// an HPA.
+func checkFrontendDeployment(t *testing.T, r *rendered) {
+	fd := r.deployments["recmesh-frontend"]
+	serving := r.deployments["recmesh-serving"]
+	if fd == nil || serving == nil {
+		t.Fatal("want both recmesh-frontend and recmesh-serving Deployments")
+	}
+	fv, sv := volume(&fd.Spec.Template.Spec, "shm"), volume(&serving.Spec.Template.Spec, "shm")
+	if fv == nil || fv.HostPath == nil || sv == nil || sv.HostPath == nil || fv.HostPath.Path != sv.HostPath.Path {
+		t.Errorf("frontend and serving shm volumes differ: %+v vs %+v; want the same hostPath", fv, sv)
+	}
+	fe := container(&fd.Spec.Template.Spec, Frontend)
+	if dir, _ := r.containerEnv(fe, "RECMESH_SHM_DIR"); !slices.ContainsFunc(fe.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == "shm" && m.MountPath == dir
+	}) {
+		t.Errorf("the frontend Deployment does not mount shm at RECMESH_SHM_DIR %q", dir)
+	}
+	aff := fd.Spec.Template.Spec.Affinity
+	ok := false
+	if aff != nil && aff.PodAffinity != nil {
+		for _, term := range aff.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution {
+			if term.TopologyKey != "kubernetes.io/hostname" || term.LabelSelector == nil {
+				continue
+			}
+			if sel, err := metaSelector(term.LabelSelector.MatchLabels); err == nil && sel.Matches(labels.Set(serving.Spec.Template.Labels)) {
+				ok = true
+			}
+		}
+	}
+	if !ok {
+		t.Error("the frontend Deployment has no required pod affinity to the serving pods' nodes")
+	}
+	if fd.Spec.Replicas != nil {
+		t.Errorf("the frontend Deployment sets replicas (%d); the HPA owns them", *fd.Spec.Replicas)
+	}
+	scaled := false
+	for _, h := range r.hpas {
+		ref := h.Spec.ScaleTargetRef
+		if ref.Kind == "Deployment" && ref.Name == fd.Name {
+			scaled = true
+			if h.Spec.MinReplicas == nil || *h.Spec.MinReplicas < 1 || h.Spec.MaxReplicas < *h.Spec.MinReplicas || len(h.Spec.Metrics) == 0 {
+				t.Errorf("HPA %s: min %v max %d metrics %d", h.Name, h.Spec.MinReplicas, h.Spec.MaxReplicas, len(h.Spec.Metrics))
+			}
+		}
+	}
+	if !scaled {
+		t.Error("no HPA scales the frontend Deployment")
+	}
+	if !covered(r, fd.Spec.Template.Labels) {
+		t.Error("no PodDisruptionBudget selects the frontend pods")
+	}
+	// hostPath is beyond the restricted and baseline Pod Security levels.
+	if ns := r.namespaces["recmesh"]; ns == nil || ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Error("the recmesh namespace does not allow hostPath volumes (pod-security enforce=privileged)")
+	}
+}
