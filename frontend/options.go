@@ -22,7 +22,7 @@ const (
 	// DefaultListen is DefaultPort on every interface.
 	DefaultListen = ":8001"
 	// DefaultMetricsAddr serves /metrics, /healthz and /readyz.
-	DefaultMetricsAddr = ":9101"
+	DefaultMetricsAddr = ":9110-9125"
 	// MetricsOff as Options.MetricsAddr serves no metrics endpoint (the
 	// metrics are still registered with Options.Registerer).
 	MetricsOff = "off"

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/telemetry"
 	"github.com/recmesh/recmesh/proto/inference"
 )
 
@@ -133,7 +134,7 @@ func (s *Server) Listen() error {
 		return &OptionError{Option: "Listen", Err: err}
 	}
 	if s.http != nil {
-		mlis, err := net.Listen("tcp", s.opts.MetricsAddr)
+		mlis, err := telemetry.ListenRange(s.opts.MetricsAddr)
 		if err != nil {
 			lis.Close()
 			return &OptionError{Option: "MetricsAddr", Err: err}

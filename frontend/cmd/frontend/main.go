@@ -75,7 +75,7 @@ type config struct {
 var envTwins = map[string]string{
 	"listen":          "RECMESH_FRONTEND_LISTEN",
 	"port":            "RECMESH_FRONTEND_PORT",
-	"metrics-addr":    "RECMESH_FRONTEND_METRICS_ADDR",
+	"metrics-addr":    "RECMESH_METRICS_ADDR",
 	"model-name":      "RECMESH_MODEL_NAME",
 	"model-version":   "RECMESH_MODEL_VERSION",
 	"max-batch":       "RECMESH_FRONTEND_MAX_BATCH",

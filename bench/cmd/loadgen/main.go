@@ -1,0 +1,427 @@
+// Command loadgen drives an Open Inference Protocol v2 server (recmesh, or
+// any benchmark arm that serves the same DLRM model) and measures it.
+//
+//	loadgen [run] [flags]   measure one point: closed loop (-concurrency C)
+//	                        or open loop (-mode open -rate R), warm-up then
+//	                        -repeats measured windows, one JSON file (-out)
+//	loadgen parity [flags]  compare the server's scores with the plain-Go
+//	                        reference on the same bundle; exit 1 unless
+//	                        max|Δ| ≤ -tolerance
+//
+// -cpus pins the whole load generator (every thread) to a CPU list before
+// it starts any goroutine, as `taskset -a` would; see package cpuset.
+// -monitor-pids samples the server's CPU time and memory (package monitor)
+// over exactly each measured window.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/recmesh/recmesh/bench/cpuset"
+	"github.com/recmesh/recmesh/bench/loadgen"
+	"github.com/recmesh/recmesh/bench/monitor"
+	"github.com/recmesh/recmesh/bench/oip"
+	"github.com/recmesh/recmesh/bench/parity"
+	"github.com/recmesh/recmesh/model"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "run":
+		return runLoad(ctx, args, stdout, stderr)
+	case "parity":
+		return runParity(ctx, args, stdout, stderr)
+	default:
+		return fmt.Errorf("unknown command %q (want run or parity)", cmd)
+	}
+}
+
+// common holds the flags both commands take.
+type common struct {
+	target       string
+	modelName    string
+	bundle       string
+	maxVocab     int
+	sparseType   string
+	cpus         string
+	readyTimeout time.Duration
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.target, "target", "127.0.0.1:8001", "server address `host:port`")
+	fs.StringVar(&c.modelName, "model", oip.DefaultModelName, "model name")
+	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "bundle `dir` whose config.json gives the vocabulary sizes (parity also reads its weights)")
+	fs.StringVar(&c.sparseType, "sparse-dtype", oip.TypeINT32, "datatype of the ids: INT32 or INT64")
+	fs.StringVar(&c.cpus, "cpus", "", "pin the whole process to this CPU `list` (for example 8-23) before starting")
+	fs.DurationVar(&c.readyTimeout, "ready-timeout", 2*time.Minute, "how long to wait for ServerReady and ModelReady on every connection")
+}
+
+// pin applies -cpus, first thing after flag parsing: no goroutine of ours
+// runs yet, so only the runtime's own threads exist.
+func (c *common) pin() (string, error) {
+	if c.cpus == "" {
+		return "", nil
+	}
+	set, err := cpuset.Parse(c.cpus)
+	if err != nil {
+		return "", err
+	}
+	if err := cpuset.PinProcess(set); err != nil {
+		return "", err
+	}
+	return cpuset.Format(set), nil
+}
+
+// config returns the model config: from -max-vocab when given, else from
+// the bundle's config.json (the weights are not needed to send requests).
+func (c *common) config() (model.Config, string, error) {
+	if c.maxVocab > 0 {
+		return model.DLRMv2(c.maxVocab), fmt.Sprintf("max-vocab=%d", c.maxVocab), nil
+	}
+	path := filepath.Join(c.bundle, model.ConfigFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return model.Config{}, "", fmt.Errorf("model config: %w", err)
+	}
+	var cfg model.Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return model.Config{}, "", fmt.Errorf("model config %s: %w", path, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return model.Config{}, "", fmt.Errorf("model config %s: %w", path, err)
+	}
+	return cfg, c.bundle, nil
+}
+
+func dial(ctx context.Context, c *common, conns int) (*oip.Pool, error) {
+	rctx, cancel := context.WithTimeout(ctx, c.readyTimeout)
+	defer cancel()
+	pool, err := oip.Dial(rctx, c.target, conns)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.WaitReady(rctx, c.modelName); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+func usage(fs *flag.FlagSet, head string) {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), head)
+		fs.PrintDefaults()
+	}
+}
+
+func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var (
+		c              common
+		mode           string
+		batch          int
+		concurrency    int
+		rate           float64
+		maxOutstanding int
+		connections    int
+		warmup         time.Duration
+		duration       time.Duration
+		timeout        time.Duration
+		repeats        int
+		pool           int
+		poolBytes      int64
+		seed           uint64
+		out            string
+		arm, label     string
+		monPIDs        string
+		monDescendants bool
+		monInterval    time.Duration
+	)
+	fs := flag.NewFlagSet("loadgen run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	usage(fs, "usage: loadgen [run] [flags]: measure one point (closed or open loop) against an OIP v2 server")
+	c.register(fs)
+	fs.IntVar(&c.maxVocab, "max-vocab", 0, "take the config from model.DLRMv2(`N`) instead of -bundle")
+	fs.StringVar(&mode, "mode", string(loadgen.Closed), "closed (C back-to-back clients) or open (Poisson arrivals)")
+	fs.IntVar(&batch, "batch", 16, "examples per request (B_req)")
+	fs.IntVar(&concurrency, "concurrency", 4, "closed loop: concurrent clients (C)")
+	fs.Float64Var(&rate, "rate", 0, "open loop: mean arrival rate in requests/s")
+	fs.IntVar(&maxOutstanding, "max-outstanding", loadgen.DefaultMaxOutstanding, "open loop: most requests in flight; arrivals beyond it are dropped and counted")
+	fs.IntVar(&connections, "connections", 0, "persistent gRPC connections (default min(C, 64) closed, 64 open)")
+	fs.DurationVar(&warmup, "warmup", 5*time.Second, "discarded warm-up before each measured window")
+	fs.DurationVar(&duration, "duration", 30*time.Second, "measured window")
+	fs.DurationVar(&timeout, "timeout", loadgen.DefaultTimeout, "per-request deadline")
+	fs.IntVar(&repeats, "repeats", 1, "measured runs (each with its own warm-up)")
+	fs.IntVar(&pool, "pool", loadgen.DefaultPoolRequests, "distinct pre-encoded requests, reused round-robin")
+	fs.Int64Var(&poolBytes, "pool-bytes", loadgen.DefaultPoolBytes, "cap on the request pool's memory (shrinks -pool for big B_req)")
+	fs.Uint64Var(&seed, "seed", 1, "input seed (model.RandomInputs); open-loop arrivals use seed+repeat")
+	fs.StringVar(&out, "out", "", "write the point as JSON to this `file`")
+	fs.StringVar(&arm, "arm", "", "arm name recorded in the JSON")
+	fs.StringVar(&label, "label", "", "free-form label recorded in the JSON")
+	fs.StringVar(&monPIDs, "monitor-pids", "", "comma-separated server `pids` to sample during each measured window")
+	fs.BoolVar(&monDescendants, "monitor-descendants", true, "also sample every descendant of -monitor-pids")
+	fs.DurationVar(&monInterval, "monitor-interval", monitor.DefaultInterval, "monitor sampling period")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	pinned, err := c.pin()
+	if err != nil {
+		return err
+	}
+	m := loadgen.Mode(mode)
+	switch {
+	case m != loadgen.Closed && m != loadgen.Open:
+		return fmt.Errorf("-mode %q, want closed or open", mode)
+	case m == loadgen.Open && !(rate > 0):
+		return fmt.Errorf("-mode open needs -rate > 0")
+	case m == loadgen.Closed && concurrency < 1:
+		return fmt.Errorf("-concurrency %d, want at least 1", concurrency)
+	case repeats < 1:
+		return fmt.Errorf("-repeats %d, want at least 1", repeats)
+	}
+	if connections <= 0 {
+		connections = 64
+		if m == loadgen.Closed {
+			connections = min(max(concurrency, 1), 64)
+		}
+	}
+	pids, err := parsePIDs(monPIDs)
+	if err != nil {
+		return err
+	}
+	cfg, source, err := c.config()
+	if err != nil {
+		return err
+	}
+	w, err := loadgen.NewWorkload(cfg, loadgen.WorkloadOptions{
+		ModelName: c.modelName, BatchSize: batch, PoolRequests: pool, PoolBytes: poolBytes, Seed: seed, SparseType: c.sparseType,
+	})
+	if err != nil {
+		return err
+	}
+	conns, err := dial(ctx, &c, connections)
+	if err != nil {
+		return err
+	}
+	defer conns.Close()
+
+	host, _ := os.Hostname()
+	p := &loadgen.Point{
+		Schema: loadgen.PointSchema, Arm: arm, Label: label,
+		Target: c.target, Model: c.modelName, Mode: m, BatchSize: batch,
+		Connections: connections, WarmupS: warmup.Seconds(), DurationS: duration.Seconds(), TimeoutS: timeout.Seconds(), Repeats: repeats,
+		PoolRequests: len(w.Requests), RequestBytes: w.RequestBytes, SparseType: w.SparseType, Seed: seed, Bundle: source,
+		ClientCPUs: pinned, GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), Host: host, StartedAt: time.Now().UTC(),
+		MonitorPIDs: pids,
+	}
+	if m == loadgen.Closed {
+		p.Concurrency = concurrency
+	} else {
+		p.RateRPS, p.MaxOutstanding = rate, maxOutstanding
+	}
+	for i := range repeats {
+		rc := loadgen.Config{
+			Mode: m, Concurrency: concurrency, Rate: rate, MaxOutstanding: maxOutstanding,
+			Warmup: warmup, Duration: duration, Timeout: timeout, Seed: seed + uint64(i),
+		}
+		rec, err := measure(ctx, conns, w, rc, pids, monDescendants, monInterval)
+		if err != nil {
+			return fmt.Errorf("repeat %d: %w", i+1, err)
+		}
+		rec.Repeat = i + 1
+		p.Runs = append(p.Runs, rec)
+		fmt.Fprintf(stdout, "run %d/%d: %s\n", i+1, repeats, describe(p, rec))
+	}
+	p.Summarize()
+	s := p.Summary
+	fmt.Fprintf(stdout, "median of %d: %.1f req/s %.0f examples/s; p50 %.3f p99 %.3f ms; %d errors\n",
+		s.Repeats, s.RequestsPerS, s.ExamplesPerS, s.P50Ms, s.P99Ms, s.Errors)
+	if out != "" {
+		if err := p.WriteFile(out); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", out)
+	}
+	return nil
+}
+
+// measure runs one repeat, with the monitor (when there are pids) over the
+// measured window.
+func measure(ctx context.Context, conns *oip.Pool, w *loadgen.Workload, rc loadgen.Config,
+	pids []int, descendants bool, interval time.Duration) (loadgen.RunRecord, error) {
+	var (
+		mon    *monitor.Monitor
+		rep    *monitor.Report
+		monErr error
+	)
+	var hooks loadgen.Hooks
+	if len(pids) > 0 {
+		hooks.WindowStart = func() {
+			mon, monErr = monitor.Start(monitor.Options{PIDs: pids, Descendants: descendants, Interval: interval})
+		}
+		hooks.WindowEnd = func() {
+			if mon != nil {
+				rep, monErr = mon.Stop()
+			}
+		}
+	}
+	res, err := loadgen.Run(ctx, conns, w, rc, hooks)
+	if err != nil {
+		return loadgen.RunRecord{}, err
+	}
+	if monErr != nil {
+		return loadgen.RunRecord{}, fmt.Errorf("monitor: %w", monErr)
+	}
+	if rep != nil {
+		rep.SetExamples(res.CompletedInWindow * int64(w.BatchSize))
+	}
+	return loadgen.RunRecord{Result: res, Monitor: rep}, nil
+}
+
+func describe(p *loadgen.Point, r loadgen.RunRecord) string {
+	load := fmt.Sprintf("C=%d", p.Concurrency)
+	if p.Mode == loadgen.Open {
+		load = fmt.Sprintf("rate=%.0f/s (offered %.1f/s)", p.RateRPS, r.OfferedRPS)
+	}
+	l := r.Latency
+	s := fmt.Sprintf("%s B=%d %s conns=%d: %.1f req/s %.0f examples/s; latency ms p50 %.3f p90 %.3f p99 %.3f p999 %.3f max %.3f; ok %d errors %d",
+		p.Mode, p.BatchSize, load, p.Connections, r.RequestsPerS, r.ExamplesPerS, l.P50, l.P90, l.P99, l.P999, l.Max, r.OK, r.Errors)
+	if r.Errors > 0 {
+		s += fmt.Sprintf(" %v (first: %s)", r.ErrorsByCode, r.FirstError)
+	}
+	if m := r.Monitor; m != nil {
+		s += fmt.Sprintf("\n  server: %.2f cores, %.3f CPU-s per 1k examples, peak RSS %.1f MiB, peak PSS %.1f MiB (%d processes)",
+			m.CPUCores, m.CPUSecondsPer1kExamples, float64(m.PeakRSSBytes)/(1<<20), float64(m.PeakPSSBytes)/(1<<20), len(m.Processes))
+	}
+	return s
+}
+
+func parsePIDs(s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var pids []int
+	for f := range strings.SplitSeq(s, ",") {
+		pid, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || pid <= 0 {
+			return nil, fmt.Errorf("-monitor-pids: bad pid %q", f)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+func runParity(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var (
+		c          common
+		examples   int
+		sizes      string
+		seed       uint64
+		tolerance  float64
+		timeout    time.Duration
+		jsonOut    string
+		batchSizes []int
+	)
+	fs := flag.NewFlagSet("loadgen parity", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	usage(fs, "usage: loadgen parity [flags]: compare a server's scores with the plain-Go reference; exit 1 on a mismatch")
+	c.register(fs)
+	fs.IntVar(&examples, "examples", parity.DefaultExamples, "examples to compare")
+	fs.StringVar(&sizes, "batch-sizes", joinInts(parity.DefaultBatchSizes), "request sizes, cycled (comma-separated)")
+	fs.Uint64Var(&seed, "seed", parity.DefaultSeed, "input seed")
+	fs.Float64Var(&tolerance, "tolerance", parity.DefaultTolerance, "largest allowed |score − reference|")
+	fs.DurationVar(&timeout, "timeout", time.Minute, "per-request deadline")
+	fs.StringVar(&jsonOut, "json", "", "also write the result as JSON to this `file`")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if _, err := c.pin(); err != nil {
+		return err
+	}
+	for f := range strings.SplitSeq(sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("-batch-sizes: bad size %q", f)
+		}
+		batchSizes = append(batchSizes, n)
+	}
+	b, err := model.Open(c.bundle)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	ref, err := model.NewReference(b)
+	if err != nil {
+		return err
+	}
+	conns, err := dial(ctx, &c, 1)
+	if err != nil {
+		return err
+	}
+	defer conns.Close()
+	res, err := parity.Check(ctx, conns.Client(0), b.Config, ref, parity.Options{
+		ModelName: c.modelName, Examples: examples, BatchSizes: batchSizes, Seed: seed,
+		Tolerance: tolerance, SparseType: c.sparseType, Timeout: timeout,
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: %s\n", c.target, res)
+	if jsonOut != "" {
+		enc, err := json.MarshalIndent(res, "", "  ")
+		if err != nil {
+			return fmt.Errorf("encode parity result: %w", err)
+		}
+		if err := os.WriteFile(jsonOut, append(enc, '\n'), 0o644); err != nil {
+			return fmt.Errorf("write parity result: %w", err)
+		}
+	}
+	if !res.Pass {
+		return fmt.Errorf("parity failed against %s: max|Δ| %.3g > %.3g", c.target, res.MaxAbsDiff, res.Tolerance)
+	}
+	return nil
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}

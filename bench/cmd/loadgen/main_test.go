@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/recmesh/recmesh/bench/internal/oiptest"
+	"github.com/recmesh/recmesh/bench/loadgen"
+	"github.com/recmesh/recmesh/model"
+)
+
+func runCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), args, &out, &errOut)
+	t.Logf("loadgen %s\n%s%s", strings.Join(args, " "), out.String(), errOut.String())
+	return out.String(), err
+}
+
+func TestRunWritesPoint(t *testing.T) {
+	srv := oiptest.Start(t, model.DLRMv2(model.DevVocabCap), oiptest.Options{})
+	path := filepath.Join(t.TempDir(), "point.json")
+	out, err := runCLI(t, "run", "-target", srv.Addr, "-max-vocab", "1000", "-batch", "2", "-concurrency", "3",
+		"-warmup", "100ms", "-duration", "300ms", "-repeats", "2", "-pool", "8", "-arm", "fake",
+		"-monitor-pids", strconv.Itoa(os.Getpid()), "-monitor-descendants=false", "-monitor-interval", "50ms", "-out", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "run 2/2: closed B=2 C=3 conns=3") || !strings.Contains(out, "server:") {
+		t.Errorf("output lacks the per-run lines")
+	}
+	p, err := loadgen.ReadPoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Arm != "fake" || p.Mode != loadgen.Closed || p.BatchSize != 2 || p.Concurrency != 3 || p.Connections != 3 ||
+		p.PoolRequests != 8 || p.Bundle != "max-vocab=1000" || len(p.Runs) != 2 || p.Summary.Repeats != 2 {
+		t.Errorf("point %+v", p)
+	}
+	for _, r := range p.Runs {
+		if r.OK == 0 || r.Errors != 0 || r.Monitor == nil || r.Monitor.Examples != 2*r.CompletedInWindow {
+			t.Errorf("run %d: ok %d errors %d monitor %+v", r.Repeat, r.OK, r.Errors, r.Monitor)
+		}
+	}
+	if p.Summary.ServerCPUCores <= 0 || p.Summary.ExamplesPerS <= 0 {
+		t.Errorf("summary %+v", p.Summary)
+	}
+}
+
+func TestRunOpenLoop(t *testing.T) {
+	srv := oiptest.Start(t, model.DLRMv2(model.DevVocabCap), oiptest.Options{})
+	path := filepath.Join(t.TempDir(), "open.json")
+	if _, err := runCLI(t, "-mode", "open", "-rate", "200", "-target", srv.Addr, "-max-vocab", "1000", "-batch", "1",
+		"-warmup", "0s", "-duration", "500ms", "-out", path); err != nil {
+		t.Fatal(err)
+	}
+	p, err := loadgen.ReadPoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Mode != loadgen.Open || p.RateRPS != 200 || p.Connections != 64 || p.Concurrency != 0 || p.Runs[0].Scheduled == 0 {
+		t.Errorf("point %+v", p)
+	}
+}
+
+func TestParityCommand(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "bundle")
+	if err := model.Export(context.Background(), dir, model.DLRMv2(model.DevVocabCap), 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	b, err := model.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ref, err := model.NewReference(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := oiptest.Start(t, b.Config, oiptest.Options{Scores: ref.Predict})
+	jsonPath := filepath.Join(t.TempDir(), "parity.json")
+	if _, err := runCLI(t, "parity", "-target", good.Addr, "-bundle", dir, "-examples", "10", "-batch-sizes", "1,4", "-json", jsonPath); err != nil {
+		t.Errorf("parity against the reference itself: %v", err)
+	}
+	if b, err := os.ReadFile(jsonPath); err != nil || !bytes.Contains(b, []byte(`"pass": true`)) {
+		t.Errorf("parity JSON %s, %v", b, err)
+	}
+	// The fake's default answer, 0.5 for everything, is far off.
+	bad := oiptest.Start(t, b.Config, oiptest.Options{})
+	if _, err := runCLI(t, "parity", "-target", bad.Addr, "-bundle", dir, "-examples", "4"); err == nil || !strings.Contains(err.Error(), "parity failed") {
+		t.Errorf("parity against constant scores: err %v", err)
+	}
+}
+
+func TestBadArguments(t *testing.T) {
+	for _, args := range [][]string{
+		{"bench"},
+		{"run", "-mode", "sideways"},
+		{"run", "-mode", "open"},
+		{"run", "-concurrency", "0"},
+		{"run", "-max-vocab", "1000", "-target", "127.0.0.1:1", "-ready-timeout", "100ms"},
+		{"run", "-repeats", "0"},
+		{"run", "-monitor-pids", "x"},
+		{"run", "-cpus", "zero"},
+		{"run", "extra"},
+		{"parity", "-batch-sizes", "1,0"},
+		{"run", "-bundle", "/nonexistent"},
+	} {
+		if _, err := runCLI(t, args...); err == nil {
+			t.Errorf("loadgen %v succeeded", args)
+		}
+	}
+}

@@ -1,0 +1,260 @@
+package monitor
+
+import (
+	"bufio"
+	"encoding/binary"
+	"os"
+	"os/exec"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as the child process: with helperEnv set,
+// TestMain burns CPU and holds memory instead of running tests.
+const (
+	helperEnv = "RECMESH_MONITOR_HELPER"
+	// helperMB is what the child allocates and touches.
+	helperMB = 96
+	// helperBurn is how much CPU time the child spins for. CPU time, not
+	// wall time: the machine may be shared, and a test that spins for a
+	// wall-clock time gets whatever CPU the scheduler leaves it.
+	helperBurn = 600 * time.Millisecond
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "1" {
+		helper()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// helper allocates and touches helperMB, spins for helperBurn of CPU,
+// says "done" on stdout, then waits (bounded) to be killed, holding the
+// memory.
+func helper() {
+	mem := make([]byte, helperMB<<20)
+	for i := 0; i < len(mem); i += 4096 {
+		mem[i] = 1
+	}
+	spin(helperBurn)
+	os.Stdout.WriteString("done\n")
+	time.Sleep(20 * time.Second)
+	runtime.KeepAlive(mem)
+}
+
+// cpuTime is this process's user+system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		panic(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// spin keeps one core busy until this process has used d more CPU time.
+func spin(d time.Duration) uint64 {
+	var x uint64
+	for end := cpuTime() + d; cpuTime() < end; {
+		for i := range 100000 {
+			x += uint64(i) * x
+		}
+	}
+	return x
+}
+
+// startHelper starts the child (the caller's cleanup kills it) and returns
+// it with a channel that is closed once it has spun.
+func startHelper(t *testing.T) (*exec.Cmd, <-chan struct{}) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start helper: %v", err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	spun := make(chan struct{})
+	go func() {
+		if bufio.NewScanner(out).Scan() {
+			close(spun)
+		}
+	}()
+	return cmd, spun
+}
+
+// waitSpun waits for the helper to have spun, failing after a bound.
+func waitSpun(t *testing.T, spun <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-spun:
+	case <-time.After(30 * time.Second):
+		t.Fatal("helper did not finish spinning in 30 s")
+	}
+}
+
+func TestSelf(t *testing.T) {
+	m, err := Start(Options{PIDs: []int{os.Getpid()}, Interval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := cpuTime()
+	const mb = 64
+	mem := make([]byte, mb<<20)
+	for i := 0; i < len(mem); i += 4096 {
+		mem[i] = 1
+	}
+	spin(400 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // let a sample see the memory
+	used := cpuTime() - before
+	r, err := m.Stop()
+	runtime.KeepAlive(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("self: cpu %.3f s over %.3f s, rss %d MB, pss %d MB (%d samples, %d Hz from %s)",
+		r.CPUSeconds, r.WallSeconds, r.PeakRSSBytes>>20, r.PeakPSSBytes>>20, len(r.Samples), r.ClockTicks, r.ClockTicksSource)
+	// The monitor's window holds getrusage's, give or take a few ticks
+	// and the sampler's own CPU.
+	if got, want := r.CPUSeconds, used.Seconds(); got < want-0.03 || got > want+0.1 {
+		t.Errorf("monitor says %.3f s of CPU, getrusage %.3f s", got, want)
+	}
+	if r.PeakRSSBytes < mb<<20 {
+		t.Errorf("peak rss %d B, want ≥ %d MB", r.PeakRSSBytes, mb)
+	}
+	if r.PSSAvailable && r.PeakPSSBytes < mb<<20 {
+		t.Errorf("peak pss %d B, want ≥ %d MB", r.PeakPSSBytes, mb)
+	}
+	if len(r.Samples) < 5 {
+		t.Errorf("%d samples in %.3f s at 50 ms", len(r.Samples), r.WallSeconds)
+	}
+	if len(r.Processes) != 1 || r.Processes[0].PID != os.Getpid() {
+		t.Errorf("processes %+v, want only this one", r.Processes)
+	}
+	r.SetExamples(2000)
+	if want := r.CPUSeconds / 2; r.CPUSecondsPer1kExamples != want {
+		t.Errorf("cpu per 1k examples %v, want %v", r.CPUSecondsPer1kExamples, want)
+	}
+}
+
+// TestDescendants watches this process with descendants; a child started
+// after the first sample burns CPU and holds memory, and both must appear
+// in the sums.
+func TestDescendants(t *testing.T) {
+	m, err := Start(Options{PIDs: []int{os.Getpid()}, Descendants: true, Interval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, spun := startHelper(t)
+	waitSpun(t, spun)
+	time.Sleep(150 * time.Millisecond) // a sample after the spin
+	r, err := m.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var child *ProcessReport
+	for i, p := range r.Processes {
+		if p.PID == cmd.Process.Pid {
+			child = &r.Processes[i]
+		}
+	}
+	if child == nil {
+		t.Fatalf("child %d not in %+v", cmd.Process.Pid, r.Processes)
+	}
+	t.Logf("child: cpu %.3f s rss %d MB pss %d MB; total cpu %.3f s rss %d MB pss %d MB",
+		child.CPUSeconds, child.PeakRSSBytes>>20, child.PeakPSSBytes>>20, r.CPUSeconds, r.PeakRSSBytes>>20, r.PeakPSSBytes>>20)
+	// The child spun 0.6 s of CPU and also ran its start-up and
+	// allocation; it started after the first sample, so all of it counts.
+	if child.CPUSeconds < helperBurn.Seconds()-0.02 || child.CPUSeconds > helperBurn.Seconds()+0.5 {
+		t.Errorf("child cpu %.3f s after spinning %v", child.CPUSeconds, helperBurn)
+	}
+	if child.PeakRSSBytes < helperMB<<20 {
+		t.Errorf("child peak rss %d MB, want ≥ %d", child.PeakRSSBytes>>20, helperMB)
+	}
+	if r.PSSAvailable && child.PeakPSSBytes < (helperMB-8)<<20 {
+		t.Errorf("child peak pss %d MB, want about %d (private memory)", child.PeakPSSBytes>>20, helperMB)
+	}
+	if r.PeakRSSBytes < child.PeakRSSBytes || r.CPUSeconds < child.CPUSeconds {
+		t.Errorf("sums (cpu %.3f, rss %d) below the child's share", r.CPUSeconds, r.PeakRSSBytes)
+	}
+}
+
+// TestExitedProcess watches a child directly; it is killed mid-window and
+// its CPU up to the last sample must still count.
+func TestExitedProcess(t *testing.T) {
+	cmd, spun := startHelper(t)
+	m, err := Start(Options{PIDs: []int{cmd.Process.Pid}, Interval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSpun(t, spun)
+	time.Sleep(150 * time.Millisecond) // a sample after the spin
+	cmd.Process.Kill()
+	cmd.Wait()
+	time.Sleep(150 * time.Millisecond)
+	r, err := m.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Processes) != 1 || !r.Processes[0].Exited {
+		t.Fatalf("processes %+v, want the one child, exited", r.Processes)
+	}
+	// The first sample may already include part of the spin.
+	if r.CPUSeconds < 0.1 || r.CPUSeconds > helperBurn.Seconds()+0.5 {
+		t.Errorf("cpu %.3f s for a child that spun %v", r.CPUSeconds, helperBurn)
+	}
+	if last := r.Samples[len(r.Samples)-1]; last.Processes != 0 || last.RSSBytes != 0 {
+		t.Errorf("last sample %+v, want no process alive", last)
+	}
+}
+
+func TestMissingPID(t *testing.T) {
+	// PID 2^22+1 is above the kernel's pid_max limit, so it never exists.
+	if _, err := Start(Options{PIDs: []int{1<<22 + 1}}); err == nil {
+		t.Fatal("Start on a missing process succeeded")
+	}
+	if _, err := Start(Options{}); err == nil {
+		t.Fatal("Start with no PIDs succeeded")
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	// A command name with spaces and parentheses, as a process may set.
+	line := "4242 (a (b) c) S 17 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 3 0 987654 1000 200 18446744073709551615"
+	s, err := parseStat([]byte(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.comm != "a (b) c" || s.ppid != 17 || s.utime != 250 || s.stime != 75 || s.start != 987654 {
+		t.Errorf("parsed %+v", s)
+	}
+	if _, err := parseStat([]byte("4242 (x) S 1 2")); err == nil {
+		t.Error("short stat parsed")
+	}
+}
+
+func TestClockTicks(t *testing.T) {
+	hz, src := ClockTicks()
+	if src != "auxv" || hz <= 0 {
+		t.Errorf("clock ticks %d from %s, want a value from auxv on Linux", hz, src)
+	}
+	// A synthetic vector: AT_PAGESZ(6)=4096, AT_CLKTCK=250, AT_NULL.
+	var b []byte
+	for _, w := range []uint64{6, 4096, atClkTck, 250, 0, 0} {
+		b = binary.NativeEndian.AppendUint64(b, w)
+	}
+	if v, ok := auxvLookup(b, atClkTck); !ok || v != 250 {
+		t.Errorf("auxvLookup = %d, %v; want 250", v, ok)
+	}
+	if _, ok := auxvLookup(b, 99); ok {
+		t.Error("found a key that is not there")
+	}
+}

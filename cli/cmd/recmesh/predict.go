@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/inference"
+)
+
+func init() {
+	register(&command{
+		name:    "predict",
+		summary: "send a random (or given) example to a frontend and print the scores",
+		run:     runPredict,
+	})
+}
+
+func runPredict(ctx context.Context, e *env, args []string) error {
+	fs := flag.NewFlagSet("predict", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:8001", "frontend `host:port`")
+	modelName := fs.String("model-name", "dlrm", "model name")
+	bundle := fs.String("bundle", "data/dlrm-cap1000", "bundle `dir` whose config.json gives the vocabulary sizes for random ids")
+	batch := fs.Int("batch", 1, "examples per request (random inputs)")
+	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "random input seed")
+	dense := fs.String("dense", "", "13 comma-separated dense features of one example (instead of random)")
+	sparse := fs.String("sparse", "", "214 comma-separated ids of one example (instead of random)")
+	timeout := fs.Duration("timeout", 5*time.Second, "call deadline")
+	if err := parseFlags(fs, args, e); err != nil {
+		return err
+	}
+	cfg, err := readConfig(*bundle)
+	if err != nil {
+		return usagef("--bundle %s: %v", *bundle, err)
+	}
+	n := *batch
+	var d []float32
+	var s []int32
+	if *dense != "" || *sparse != "" {
+		if d, err = parseFloats(*dense, cfg.NumDense); err != nil {
+			return usagef("--dense: %v", err)
+		}
+		ids, err := parseInts(*sparse, cfg.SparseWidth())
+		if err != nil {
+			return usagef("--sparse: %v", err)
+		}
+		s, n = ids, 1
+	} else {
+		if n < 1 || n > 4096 {
+			return usagef("--batch %d: want 1..4096", n)
+		}
+		d, s = model.RandomInputs(cfg, *seed, n)
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("predict: %w", err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	start := time.Now()
+	resp, err := inference.NewGRPCInferenceServiceClient(conn).ModelInfer(ctx, InferRequest(*modelName, d, s, n))
+	if err != nil {
+		return fmt.Errorf("predict: %w", err)
+	}
+	scores, err := Scores(resp, n)
+	if err != nil {
+		return fmt.Errorf("predict: %w", err)
+	}
+	for i, v := range scores {
+		fmt.Fprintf(e.stdout, "score[%d] = %.6f\n", i, v)
+	}
+	fmt.Fprintf(e.stderr, "predict: %d example(s) from %s in %.2f ms\n", n, *addr, float64(time.Since(start).Microseconds())/1000)
+	return nil
+}
+
+func readConfig(dir string) (model.Config, error) {
+	var cfg model.Config
+	raw, err := os.ReadFile(filepath.Join(dir, model.ConfigFile))
+	if err != nil {
+		return cfg, err
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// InferRequest builds an Open Inference Protocol request with raw inputs.
+func InferRequest(name string, dense []float32, sparse []int32, n int) *inference.ModelInferRequest {
+	width := len(sparse) / n
+	db := make([]byte, 4*len(dense))
+	for i, v := range dense {
+		binary.LittleEndian.PutUint32(db[4*i:], math.Float32bits(v))
+	}
+	sb := make([]byte, 4*len(sparse))
+	for i, v := range sparse {
+		binary.LittleEndian.PutUint32(sb[4*i:], uint32(v))
+	}
+	return &inference.ModelInferRequest{
+		ModelName: name,
+		Inputs: []*inference.ModelInferRequest_InferInputTensor{
+			{Name: "dense", Datatype: "FP32", Shape: []int64{int64(n), int64(len(dense) / n)}},
+			{Name: "sparse", Datatype: "INT32", Shape: []int64{int64(n), int64(width)}},
+		},
+		RawInputContents: [][]byte{db, sb},
+	}
+}
+
+// Scores reads the score output of a reply (raw or typed).
+func Scores(resp *inference.ModelInferResponse, n int) ([]float32, error) {
+	if len(resp.RawOutputContents) > 0 {
+		raw := resp.RawOutputContents[0]
+		if len(raw) != 4*n {
+			return nil, fmt.Errorf("reply has %d score bytes, want %d", len(raw), 4*n)
+		}
+		out := make([]float32, n)
+		for i := range out {
+			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		}
+		return out, nil
+	}
+	if len(resp.Outputs) == 1 && resp.Outputs[0].Contents != nil && len(resp.Outputs[0].Contents.Fp32Contents) == n {
+		return resp.Outputs[0].Contents.Fp32Contents, nil
+	}
+	return nil, fmt.Errorf("reply carries no %d scores", n)
+}
+
+func parseFloats(s string, want int) ([]float32, error) {
+	parts := strings.Split(s, ",")
+	if len(parts) != want {
+		return nil, fmt.Errorf("%d values, want %d", len(parts), want)
+	}
+	out := make([]float32, want)
+	for i, p := range parts {
+		v, err := strconv.ParseFloat(strings.TrimSpace(p), 32)
+		if err != nil {
+			return nil, fmt.Errorf("value %d: %v", i, err)
+		}
+		out[i] = float32(v)
+	}
+	return out, nil
+}
+
+func parseInts(s string, want int) ([]int32, error) {
+	parts := strings.Split(s, ",")
+	if len(parts) != want {
+		return nil, fmt.Errorf("%d values, want %d", len(parts), want)
+	}
+	out := make([]int32, want)
+	for i, p := range parts {
+		v, err := strconv.ParseInt(strings.TrimSpace(p), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("value %d: %v", i, err)
+		}
+		out[i] = int32(v)
+	}
+	return out, nil
+}
