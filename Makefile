@@ -22,7 +22,7 @@ BENCH_BUNDLE:= $(DATA)/dlrm-cap850000
 export PJRT_PLUGIN_LIBRARY_PATH ?= $(dir $(PJRT_PLUGIN))
 export RECMESH_PJRT_PLUGIN ?= $(PJRT_PLUGIN)
 
-.PHONY: help deps build test vet run parity bench-model
+.PHONY: help deps build test vet run parity bench-model e2e
 
 help:
 	@echo "make run    - start the whole mesh on the small default model"
@@ -53,7 +53,11 @@ $(DEPS)/venv.stamp: requirements-dev.txt
 
 build: $(DEPS)/go.stamp
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cli/cmd/... ./accelerator/cmd/...
+	$(GO) build -o $(BIN)/ ./cli/cmd/recmesh ./embedder/cmd/embedder ./accelerator/cmd/accelerator ./frontend/cmd/frontend
+
+## run: the whole mesh on the small default model, until Ctrl-C.
+run: deps build $(DEV_BUNDLE)/model.safetensors
+	$(BIN)/recmesh run --bundle $(DEV_BUNDLE)
 
 PKGS := $(foreach m,$(MODULES),./$(m)/...)
 
@@ -72,6 +76,14 @@ $(BENCH_BUNDLE)/model.safetensors: | $(DEPS)/go.stamp
 
 parity: deps $(DEV_BUNDLE)/model.safetensors
 	$(GO) run ./accelerator/cmd/accelerator parity --bundle $(DEV_BUNDLE)
+
+## e2e: the mesh as real processes in every batching mode, checked against
+## the reference.
+e2e: deps
+	@rm -f $(DEPS)/e2e.summary
+	RECMESH_E2E_SUMMARY=$(DEPS)/e2e.summary $(GO) test -count=1 -run 'TestE2E' -v ./cli/e2e/ > $(DEPS)/e2e.log 2>&1 || { tail -n 60 $(DEPS)/e2e.log; echo "e2e: failed (whole log in .deps/e2e.log)"; exit 1; }
+	@grep -E '^\s*(--- |e2e_test.go:[0-9]+: mode)' $(DEPS)/e2e.log || true
+	@cat $(DEPS)/e2e.summary
 
 bench-model: deps $(DEV_BUNDLE)/model.safetensors
 	$(GO) run ./accelerator/cmd/accelerator bench --bundle $(DEV_BUNDLE)

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/nats-io/nats-server/v2 v2.15.2
-	github.com/recmesh/recmesh/model v0.0.0-00010101000000-000000000000
+	github.com/recmesh/recmesh/model v0.0.0
 	golang.org/x/term v0.48.0
 	google.golang.org/grpc v1.85.0
 )

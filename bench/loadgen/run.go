@@ -34,7 +34,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/recmesh/recmesh/bench/oip"
+	"github.com/recmesh/recmesh/proto/oip"
 	pb "github.com/recmesh/recmesh/proto/inference"
 )
 

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/recmesh/recmesh/bench/internal/oiptest"
-	"github.com/recmesh/recmesh/bench/oip"
+	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/model"
 )
 

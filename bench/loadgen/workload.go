@@ -3,7 +3,7 @@ package loadgen
 import (
 	"fmt"
 
-	"github.com/recmesh/recmesh/bench/oip"
+	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/model"
 )
 

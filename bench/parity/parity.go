@@ -10,7 +10,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/recmesh/recmesh/bench/oip"
+	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/model"
 	pb "github.com/recmesh/recmesh/proto/inference"
 )

@@ -33,7 +33,7 @@ import (
 	"github.com/recmesh/recmesh/bench/cpuset"
 	"github.com/recmesh/recmesh/bench/loadgen"
 	"github.com/recmesh/recmesh/bench/monitor"
-	"github.com/recmesh/recmesh/bench/oip"
+	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/bench/parity"
 	"github.com/recmesh/recmesh/model"
 )

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/recmesh/recmesh/bench/oip"
+	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/model"
 	pb "github.com/recmesh/recmesh/proto/inference"
 )

@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/inference"
+	"github.com/recmesh/recmesh/proto/oip"
 )
 
 func init() {
@@ -71,11 +70,15 @@ func runPredict(ctx context.Context, e *env, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	start := time.Now()
-	resp, err := inference.NewGRPCInferenceServiceClient(conn).ModelInfer(ctx, InferRequest(*modelName, d, s, n))
+	req, err := oip.BuildRequest(*modelName, cfg, d, s, n, oip.TypeINT32)
 	if err != nil {
 		return fmt.Errorf("predict: %w", err)
 	}
-	scores, err := Scores(resp, n)
+	resp, err := inference.NewGRPCInferenceServiceClient(conn).ModelInfer(ctx, req)
+	if err != nil {
+		return fmt.Errorf("predict: %w", err)
+	}
+	scores, err := oip.Scores(resp, n)
 	if err != nil {
 		return fmt.Errorf("predict: %w", err)
 	}
@@ -96,46 +99,6 @@ func readConfig(dir string) (model.Config, error) {
 		return cfg, err
 	}
 	return cfg, cfg.Validate()
-}
-
-// InferRequest builds an Open Inference Protocol request with raw inputs.
-func InferRequest(name string, dense []float32, sparse []int32, n int) *inference.ModelInferRequest {
-	width := len(sparse) / n
-	db := make([]byte, 4*len(dense))
-	for i, v := range dense {
-		binary.LittleEndian.PutUint32(db[4*i:], math.Float32bits(v))
-	}
-	sb := make([]byte, 4*len(sparse))
-	for i, v := range sparse {
-		binary.LittleEndian.PutUint32(sb[4*i:], uint32(v))
-	}
-	return &inference.ModelInferRequest{
-		ModelName: name,
-		Inputs: []*inference.ModelInferRequest_InferInputTensor{
-			{Name: "dense", Datatype: "FP32", Shape: []int64{int64(n), int64(len(dense) / n)}},
-			{Name: "sparse", Datatype: "INT32", Shape: []int64{int64(n), int64(width)}},
-		},
-		RawInputContents: [][]byte{db, sb},
-	}
-}
-
-// Scores reads the score output of a reply (raw or typed).
-func Scores(resp *inference.ModelInferResponse, n int) ([]float32, error) {
-	if len(resp.RawOutputContents) > 0 {
-		raw := resp.RawOutputContents[0]
-		if len(raw) != 4*n {
-			return nil, fmt.Errorf("reply has %d score bytes, want %d", len(raw), 4*n)
-		}
-		out := make([]float32, n)
-		for i := range out {
-			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-		}
-		return out, nil
-	}
-	if len(resp.Outputs) == 1 && resp.Outputs[0].Contents != nil && len(resp.Outputs[0].Contents.Fp32Contents) == n {
-		return resp.Outputs[0].Contents.Fp32Contents, nil
-	}
-	return nil, fmt.Errorf("reply carries no %d scores", n)
 }
 
 func parseFloats(s string, want int) ([]float32, error) {

@@ -1,0 +1,286 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/recmesh/recmesh/model"
+)
+
+// binaries builds (once per test binary) the mesh's commands, or uses
+// RECMESH_BIN_DIR when make already built them.
+var (
+	binOnce sync.Once
+	binDir  string
+	binErr  error
+)
+
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if d := os.Getenv("RECMESH_BIN_DIR"); d != "" {
+			binDir = d
+			return
+		}
+		root, err := workspaceRoot()
+		if err != nil {
+			binErr = err
+			return
+		}
+		binDir, binErr = os.MkdirTemp("", "recmesh-e2e-bin-")
+		if binErr != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", binDir+"/",
+			"./embedder/cmd/embedder", "./accelerator/cmd/accelerator", "./frontend/cmd/frontend")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binDir
+}
+
+func workspaceRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.work above the test's directory")
+		}
+		dir = parent
+	}
+}
+
+// bundleOnce exports the small model once for every test.
+var (
+	bundleOnce sync.Once
+	bundleDir  string
+	bundleErr  error
+)
+
+func exportBundle(t *testing.T) string {
+	t.Helper()
+	bundleOnce.Do(func() {
+		bundleDir, bundleErr = os.MkdirTemp("", "recmesh-e2e-bundle-")
+		if bundleErr == nil {
+			bundleErr = model.Export(context.Background(), bundleDir, model.DLRMv2(model.DevVocabCap), 11, nil)
+		}
+	})
+	if bundleErr != nil {
+		t.Fatal(bundleErr)
+	}
+	return bundleDir
+}
+
+// proc is one mesh process with its output kept for failure reports.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// cluster is one mesh: a segment name of its own, so tests never share
+// shared memory.
+type cluster struct {
+	t       *testing.T
+	bin     string
+	bundle  string
+	segment string
+	port    int
+	mode    string
+	procs   map[string]*proc
+}
+
+func newCluster(t *testing.T, mode string) *cluster {
+	c := &cluster{
+		t:       t,
+		bin:     buildBinaries(t),
+		bundle:  exportBundle(t),
+		segment: fmt.Sprintf("recmesh-e2e-%d-%s", os.Getpid(), mode),
+		port:    freePort(t),
+		mode:    mode,
+		procs:   map[string]*proc{},
+	}
+	t.Cleanup(c.stopAll)
+	return c
+}
+
+func freePort(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func (c *cluster) addr() string { return "127.0.0.1:" + strconv.Itoa(c.port) }
+
+func (c *cluster) start(name string, args ...string) *proc {
+	c.t.Helper()
+	var path string
+	switch {
+	case name == "embedder":
+		path = filepath.Join(c.bin, "embedder")
+		args = append([]string{"--batch-mode", c.mode, "--lanes", "8", "--workers", "2"}, args...)
+	case name == "accelerator":
+		path = filepath.Join(c.bin, "accelerator")
+		args = append([]string{"serve"}, args...)
+	default:
+		path = filepath.Join(c.bin, "frontend")
+		args = append([]string{"--port", strconv.Itoa(c.port)}, args...)
+	}
+	args = append(args, "--metrics-addr", "127.0.0.1:0")
+	cmd := exec.Command(path, args...)
+	cmd.Env = append(os.Environ(),
+		"RECMESH_BUNDLE="+c.bundle,
+		"RECMESH_SEGMENT="+c.segment,
+		"NATS_URL=",
+	)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, out: out, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	c.procs[name] = p
+	return p
+}
+
+// startMesh starts the embedder, the accelerator and n frontends and
+// waits until the frontends answer SERVING.
+func (c *cluster) startMesh(frontends int) {
+	c.start("embedder")
+	c.start("accelerator")
+	for i := 0; i < frontends; i++ {
+		c.start(fmt.Sprintf("frontend-%d", i))
+	}
+	c.waitServing(3 * time.Minute)
+}
+
+func (c *cluster) waitServing(timeout time.Duration) {
+	c.t.Helper()
+	conn, err := grpc.NewClient(c.addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
+			return
+		}
+		for _, p := range c.procs {
+			select {
+			case <-p.done:
+				c.t.Fatalf("%s exited during start-up:\n%s", p.name, tail(p.out.String()))
+			default:
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.dump()
+	c.t.Fatalf("mesh not serving after %v", timeout)
+}
+
+func (c *cluster) kill(name string, sig syscall.Signal) {
+	p := c.procs[name]
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	delete(c.procs, name)
+}
+
+func (c *cluster) stopAll() {
+	if c.t.Failed() {
+		c.dump()
+	}
+	order := []string{}
+	for name := range c.procs {
+		if name != "embedder" && name != "accelerator" {
+			order = append(order, name)
+		}
+	}
+	order = append(order, "accelerator", "embedder")
+	for _, name := range order {
+		if _, ok := c.procs[name]; ok {
+			c.kill(name, syscall.SIGTERM)
+		}
+	}
+	_ = os.Remove(filepath.Join("/dev/shm", c.segment))
+}
+
+func (c *cluster) dump() {
+	for _, p := range c.procs {
+		c.t.Logf("--- %s output:\n%s", p.name, tail(p.out.String()))
+	}
+}
+
+func tail(s string) string {
+	sc := bufio.NewScanner(bytes.NewBufferString(s))
+	var lines []string
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if len(lines) > 40 {
+		lines = lines[len(lines)-40:]
+	}
+	var b bytes.Buffer
+	for _, l := range lines {
+		b.WriteString(l + "\n")
+	}
+	return b.String()
+}

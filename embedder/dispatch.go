@@ -1,0 +1,340 @@
+package embedder
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/recmesh/recmesh/embedder/batch"
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/shm"
+)
+
+// dispatcher is the one goroutine that consumes every lane's request ring,
+// owns the Batcher and the batch ring's producer side, and reclaims dead
+// lanes (reclaim must not race the ring consumer, so it runs here too).
+type dispatcher struct {
+	e                        *Embedder
+	seg                      *shm.Segment
+	readers                  []*shm.RequestReader
+	bw                       *shm.BatchWriter
+	batcher                  *batch.Batcher
+	jobs                     chan job
+	batches                  []*openBatch // by staging index
+	open                     *openBatch
+	held                     shm.Request // a request read but not yet placed
+	hasHeld                  bool
+	next                     int // lane to read first in the next round
+	accelSeen                bool
+	lastReclaim, lastMetrics time.Time
+	hasWork                  func() bool
+	laneLbl                  []string
+	self                     *worker
+}
+
+func (e *Embedder) newDispatcher(seg *shm.Segment, jobs chan job) (*dispatcher, error) {
+	d := &dispatcher{
+		e:       e,
+		seg:     seg,
+		bw:      seg.BatchWriter(),
+		batcher: batch.New(batch.Options{Mode: e.opts.Mode, MaxBatch: e.opts.MaxBatch, MaxEntries: e.opts.MaxBatch, Window: e.opts.Window}),
+		jobs:    jobs,
+	}
+	g := seg.Geometry()
+	for i := 0; i < g.Lanes; i++ {
+		r, err := seg.RequestReader(i)
+		if err != nil {
+			return nil, err
+		}
+		d.readers = append(d.readers, r)
+		d.laneLbl = append(d.laneLbl, strconv.Itoa(i))
+	}
+	d.batches = make([]*openBatch, g.StagingCount)
+	d.hasWork = d.wake
+	return d, nil
+}
+
+// batchFor returns the reusable openBatch of a staging buffer.
+func (d *dispatcher) batchFor(st *shm.Staging) *openBatch {
+	if b := d.batches[st.Index()]; b != nil {
+		return b
+	}
+	cfg := d.e.cfg
+	lay := cfg.Staging(model.PowerOfTwoCeil(d.e.opts.MaxBatch))
+	data := st.Data()
+	per := len(cfg.VocabSizes) * cfg.EmbeddingDim
+	max := d.e.opts.MaxBatch
+	b := &openBatch{
+		st:      st,
+		pooled:  unsafe.Slice((*float32)(unsafe.Pointer(&data[lay.PooledOffset])), max*per),
+		dense:   unsafe.Slice((*float32)(unsafe.Pointer(&data[lay.DenseOffset])), max*cfg.NumDense),
+		entries: make([]shm.BatchEntry, 0, max),
+		status:  make([]atomic.Uint32, max),
+		readAt:  make([]time.Time, max),
+		dead:    make([]int64, max),
+	}
+	d.batches[st.Index()] = b
+	return b
+}
+
+// idle reports whether the accelerator has finished every batch published
+// so far: the zero-wait merger's signal to seal now.
+func (d *dispatcher) idle() bool { return d.seg.CompletedSeq() >= d.seg.PublishedSeq() }
+
+// wake is the embedder doorbell's condition.
+func (d *dispatcher) wake() bool {
+	if d.seg.RequestsPending() {
+		return true
+	}
+	return d.open != nil && d.e.opts.Mode == batch.Model && d.idle()
+}
+
+func (d *dispatcher) run(ctx context.Context) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		now := time.Now()
+		if now.Sub(d.lastReclaim) >= reclaimInterval {
+			d.lastReclaim = now
+			if err := d.housekeeping(now); err != nil {
+				return err
+			}
+		}
+		progressed, err := d.readRound(ctx)
+		if err != nil {
+			return err
+		}
+		if d.open != nil && d.batcher.ShouldSeal(time.Now(), d.idle()) {
+			if err := d.seal(); err != nil {
+				return err
+			}
+			continue
+		}
+		if progressed {
+			continue
+		}
+		timeout := shm.DefaultLivenessTick
+		if dl, ok := d.batcher.Deadline(); ok {
+			if w := time.Until(dl); w < timeout {
+				timeout = max(w, 0)
+			}
+		}
+		if timeout > 0 {
+			if _, err := d.seg.EmbedderBell().Wait(ctx, d.hasWork, timeout); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// housekeeping reclaims dead lanes, notices a dead accelerator and updates
+// the gauges.
+func (d *dispatcher) housekeeping(now time.Time) error {
+	if _, err := d.seg.ReclaimLanes(0); err != nil {
+		d.e.log.Warn("reclaim lanes", "err", err)
+	}
+	if err := d.seg.AcceleratorAlive(0); err == nil {
+		d.accelSeen = true
+	} else if d.accelSeen && !errors.Is(err, shm.ErrNoAccelerator) {
+		return errAcceleratorGone
+	}
+	if now.Sub(d.lastMetrics) >= metricsInterval {
+		d.lastMetrics = now
+		inUse, depth := 0, 0
+		ringCap := float64(d.seg.Geometry().RingCapacity)
+		for _, l := range d.seg.Lanes() {
+			if l.Owner != 0 {
+				inUse++
+			}
+			depth += l.Queued
+			d.e.m.occupancy.WithLabelValues(d.laneLbl[l.Index]).Set(float64(l.Queued) / ringCap)
+		}
+		if d.open != nil {
+			depth += d.batcher.Entries()
+		}
+		d.e.m.lanesInUse.Set(float64(inUse))
+		d.e.m.queueDepth.Set(float64(depth))
+	}
+	return nil
+}
+
+// readRound reads up to maxReadsPerLane requests from every lane, starting
+// with a different lane each round for fairness. It stops early when no
+// staging buffer is free: requests then stay in the rings, and full rings
+// are the backpressure frontends see.
+func (d *dispatcher) readRound(ctx context.Context) (progressed bool, err error) {
+	if d.hasHeld {
+		ok, err := d.place(ctx, d.held)
+		if err != nil || !ok {
+			return false, err
+		}
+		d.hasHeld = false
+		progressed = true
+	}
+	n := len(d.readers)
+	for k := 0; k < n; k++ {
+		i := (d.next + k) % n
+		r := d.readers[i]
+		for c := 0; c < maxReadsPerLane && r.Pending(); c++ {
+			req, ok, err := r.Next()
+			if err != nil {
+				d.e.m.reqCorrupt.Inc()
+				if errors.Is(err, shm.ErrCorrupt) && req.Slot < 0 {
+					d.e.log.Warn("evicting lane with corrupt ring", "lane", i, "err", err)
+					_ = d.seg.EvictLane(i)
+					break
+				}
+				d.e.log.Debug("dropped request entry", "lane", i, "err", err)
+				continue
+			}
+			if !ok {
+				break
+			}
+			progressed = true
+			placed, err := d.place(ctx, req)
+			if err != nil {
+				return progressed, err
+			}
+			if !placed {
+				d.held, d.hasHeld = req, true
+				d.next = i
+				return progressed, nil
+			}
+		}
+	}
+	d.next = (d.next + 1) % n
+	return progressed, nil
+}
+
+// place adds a request to the open batch (sealing the open batch first if
+// it does not fit). ok is false when no staging buffer is free.
+func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err error) {
+	now := time.Now()
+	cfg := d.e.cfg
+	status := shm.StatusOK
+	switch {
+	case req.PayloadLength != cfg.Request(req.Examples).Size || req.Examples > d.e.opts.MaxBatch:
+		status = shm.StatusInvalid
+	case d.readers[req.Lane].Canceled(req.Slot):
+		status = shm.StatusCanceled
+	case req.Deadline != 0 && now.UnixNano() > req.Deadline:
+		status = shm.StatusExpired
+	}
+	rows := req.Examples
+	if status != shm.StatusOK {
+		rows = 0
+	}
+	if d.open != nil && !d.batcher.Fits(rows) {
+		if err := d.seal(); err != nil {
+			return false, err
+		}
+	}
+	if d.open == nil {
+		st, free := d.bw.TryAcquire()
+		if !free {
+			if err := d.waitStaging(ctx); err != nil {
+				return false, err
+			}
+			return false, nil
+		}
+		d.open = d.batchFor(st)
+		d.open.entries = d.open.entries[:0]
+	}
+	b := d.open
+	row := d.batcher.Add(rows, now)
+	k := len(b.entries)
+	b.entries = append(b.entries, shm.BatchEntry{Lane: req.Lane, Slot: req.Slot, Epoch: req.Epoch, FirstRow: row, Rows: rows, Status: status})
+	b.status[k].Store(status)
+	b.readAt[k] = now
+	b.dead[k] = req.Deadline
+	for first := 0; first < rows; first += DefaultChunk {
+		n := min(DefaultChunk, rows-first)
+		b.wg.Add(1)
+		d.jobs <- job{b: b, entry: k, payload: req.Payload, reqN: req.Examples, first: first, n: n, row: row + first}
+	}
+	d.count(status)
+	return true, nil
+}
+
+func (d *dispatcher) count(status uint32) {
+	m := d.e.m
+	switch status {
+	case shm.StatusOK:
+		m.reqOK.Inc()
+	case shm.StatusCanceled:
+		m.reqCanceled.Inc()
+	case shm.StatusExpired:
+		m.reqExpired.Inc()
+	default:
+		m.reqInvalid.Inc()
+	}
+}
+
+// waitStaging blocks until the accelerator frees a staging buffer, or
+// fails when it died.
+func (d *dispatcher) waitStaging(ctx context.Context) error {
+	st, err := d.bw.Acquire(ctx)
+	if err != nil {
+		if errors.Is(err, shm.ErrAcceleratorDead) {
+			return errAcceleratorGone
+		}
+		return err
+	}
+	// Acquire took the buffer; hand it back to the normal path.
+	return d.bw.Abort(st)
+}
+
+// seal finishes the open batch's lookups (the dispatcher helps the
+// workers), settles each entry's status, and publishes the batch.
+func (d *dispatcher) seal() error {
+	b := d.open
+	for {
+		select {
+		case j := <-d.jobs:
+			d.helper().run(j)
+			continue
+		default:
+		}
+		break
+	}
+	b.wg.Wait()
+	now := time.Now()
+	for k := range b.entries {
+		ent := &b.entries[k]
+		if s := b.status[k].Load(); s != shm.StatusOK && ent.Status == shm.StatusOK {
+			ent.Status, ent.Rows = s, 0
+			d.e.m.reqInvalid.Inc()
+		} else if ent.Status == shm.StatusOK {
+			// Dropped before execute: expired or cancelled while batching.
+			if b.dead[k] != 0 && now.UnixNano() > b.dead[k] {
+				ent.Status, ent.Rows = shm.StatusExpired, 0
+			} else if d.readers[ent.Lane].Canceled(ent.Slot) {
+				ent.Status, ent.Rows = shm.StatusCanceled, 0
+			}
+		}
+		if err := b.st.SetEntry(k, *ent); err != nil {
+			return err
+		}
+		d.e.m.queueWait.Observe(now.Sub(b.readAt[k]).Seconds())
+	}
+	rows := d.batcher.Rows()
+	if _, err := d.bw.Publish(b.st, shm.BatchDesc{Examples: rows, Entries: len(b.entries)}); err != nil {
+		return err
+	}
+	d.e.m.batch.Observe(float64(rows))
+	d.batcher.Reset()
+	d.open = nil
+	return nil
+}
+
+// helper is the dispatcher's own worker, used while it waits for a seal.
+func (d *dispatcher) helper() *worker {
+	if d.self == nil {
+		d.self = d.e.newWorker()
+	}
+	return d.self
+}

@@ -1,0 +1,328 @@
+// Package embedder is the mesh's embedding service: it owns the single copy
+// of the tables (Store), creates each generation's shared-memory segment,
+// reads every frontend lane, batches requests (package batch decides when),
+// gathers and sum-pools their rows into staging buffers with worker
+// goroutines (package lookup), and hands the batches to the accelerator.
+package embedder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/recmesh/recmesh/embedder/batch"
+	"github.com/recmesh/recmesh/embedder/lookup"
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/shm"
+)
+
+// Defaults for Options.
+const (
+	DefaultSegment   = "recmesh"
+	DefaultLanes     = 16
+	DefaultChunk     = 32 // examples per lookup job: big requests spread over workers
+	DefaultStaging   = 2
+	reclaimInterval  = 10 * time.Millisecond
+	metricsInterval  = 250 * time.Millisecond
+	maxReadsPerLane  = 64 // per round, so one busy lane cannot starve the others
+	regenerateBackof = 100 * time.Millisecond
+)
+
+// Options configure an Embedder. Zero fields take the defaults.
+type Options struct {
+	// Bundle is the model bundle directory.
+	Bundle string
+	// ShmDir and Segment name the segment file (default /dev/shm/recmesh).
+	ShmDir, Segment string
+	// Lanes is how many frontends can attach at once. Default 16.
+	Lanes int
+	// Batching: mode, max examples per batch (default 4096) and the Full
+	// mode window (default 1 ms).
+	Mode     batch.Mode
+	MaxBatch int
+	Window   time.Duration
+	// Workers is the number of lookup goroutines. Default GOMAXPROCS.
+	Workers int
+	// Staging is the number of staging buffers: the batches in flight to
+	// the accelerator. Default 2 (one filling while one executes).
+	Staging int
+	// Log and Registry; defaults discard logs and use a private registry.
+	Log      *slog.Logger
+	Registry prometheus.Registerer
+	// OnGeneration is called each time a new segment generation is ready
+	// (the control plane announces it).
+	OnGeneration func(Generation)
+}
+
+// Generation describes a segment the embedder serves.
+type Generation struct {
+	Path       string
+	Generation uint64
+	ModelID    string
+}
+
+func (o Options) withDefaults() Options {
+	if o.ShmDir == "" {
+		o.ShmDir = shm.DefaultDir
+	}
+	if o.Segment == "" {
+		o.Segment = DefaultSegment
+	}
+	if o.Lanes <= 0 {
+		o.Lanes = DefaultLanes
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = batch.DefaultMaxBatch
+	}
+	if o.Window <= 0 {
+		o.Window = batch.DefaultWindow
+	}
+	if o.Workers <= 0 {
+		o.Workers = runtime.GOMAXPROCS(0)
+	}
+	if o.Staging <= 0 {
+		o.Staging = DefaultStaging
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	return o
+}
+
+// Embedder serves one model's tables to the mesh.
+type Embedder struct {
+	opts  Options
+	store *Store
+	cfg   model.Config
+	m     *metrics
+	log   *slog.Logger
+
+	mu  sync.Mutex
+	gen Generation // current
+	seg *shm.Segment
+}
+
+// New loads the tables; Run serves them.
+func New(opts Options) (*Embedder, error) {
+	opts = opts.withDefaults()
+	if opts.Bundle == "" {
+		return nil, errors.New("embedder: no bundle directory (set --bundle)")
+	}
+	if opts.MaxBatch > 1<<16 {
+		return nil, fmt.Errorf("embedder: max batch %d above 65536 (change --max-batch)", opts.MaxBatch)
+	}
+	start := time.Now()
+	store, err := LoadStore(opts.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	e := &Embedder{opts: opts, store: store, cfg: store.Config, m: newMetrics(opts.Registry), log: opts.Log}
+	e.m.tableBytes.Set(float64(store.Bytes()))
+	e.m.hugeFraction.Set(store.HugePageFraction)
+	e.log.Info("tables loaded", "bundle", opts.Bundle, "bytes", store.Bytes(), "rows", store.Config.TotalRows(),
+		"pages", store.Mode.String(), "huge_page_fraction", store.HugePageFraction,
+		"kernel", lookup.Kernel(), "seconds", time.Since(start).Seconds())
+	return e, nil
+}
+
+// Store is the table store.
+func (e *Embedder) Store() *Store { return e.store }
+
+// Current returns the generation being served (zero before the first).
+func (e *Embedder) Current() Generation {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.gen
+}
+
+// Lanes returns a snapshot of the current segment's lanes.
+func (e *Embedder) Lanes() []shm.LaneInfo {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.seg == nil {
+		return nil
+	}
+	return e.seg.Lanes()
+}
+
+// errAcceleratorGone ends a generation whose accelerator died: its
+// in-flight batches are lost, so the next generation starts clean.
+var errAcceleratorGone = errors.New("embedder: accelerator died")
+
+// Run creates a segment generation and serves it until ctx is done; when
+// the accelerator dies it starts a new generation, so a restarted
+// accelerator and the frontends re-attach to fresh rings.
+func (e *Embedder) Run(ctx context.Context) error {
+	defer e.store.Close()
+	for {
+		seg, err := e.create()
+		if err != nil {
+			return err
+		}
+		err = e.serve(ctx, seg)
+		e.mu.Lock()
+		e.seg = nil
+		e.mu.Unlock()
+		if ctx.Err() != nil {
+			_ = seg.Drain()
+			_ = seg.Close()
+			_ = seg.Remove()
+			return nil
+		}
+		_ = seg.Close()
+		if !errors.Is(err, errAcceleratorGone) {
+			return err
+		}
+		e.log.Warn("accelerator died; starting a new generation", "generation", seg.Generation())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(regenerateBackof):
+		}
+	}
+}
+
+func (e *Embedder) create() (*shm.Segment, error) {
+	// Sized for the bucket of a full batch: the accelerator reads whole
+	// buckets, padding rows included, from the staging buffer.
+	staging := e.cfg.Staging(model.PowerOfTwoCeil(e.opts.MaxBatch))
+	seg, err := shm.Create(shm.Options{
+		Name:    e.opts.Segment,
+		Dir:     e.opts.ShmDir,
+		ModelID: e.cfg.ID(),
+		Geometry: shm.Geometry{
+			Lanes:           e.opts.Lanes,
+			MaxExamples:     e.opts.MaxBatch,
+			ExampleBytes:    (e.cfg.NumDense + e.cfg.SparseWidth()) * 4,
+			StagingCount:    e.opts.Staging,
+			StagingBytes:    staging.Size,
+			MaxBatchEntries: e.opts.MaxBatch,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedder: create segment %s/%s (check --shm-dir and its free space): %w", e.opts.ShmDir, e.opts.Segment, err)
+	}
+	g := Generation{Path: seg.Path(), Generation: seg.Generation(), ModelID: seg.ModelID()}
+	e.mu.Lock()
+	e.gen, e.seg = g, seg
+	e.mu.Unlock()
+	e.m.generation.Set(float64(g.Generation))
+	e.log.Info("segment ready", "path", g.Path, "generation", g.Generation, "lanes", e.opts.Lanes,
+		"mode", e.opts.Mode.String(), "max_batch", e.opts.MaxBatch, "workers", e.opts.Workers)
+	if e.opts.OnGeneration != nil {
+		e.opts.OnGeneration(g)
+	}
+	return seg, nil
+}
+
+
+// openBatch is the batch being filled in one staging buffer. One exists
+// per staging buffer, made once, so filling a batch allocates nothing.
+type openBatch struct {
+	st      *shm.Staging
+	pooled  []float32
+	dense   []float32
+	entries []shm.BatchEntry
+	status  []atomic.Uint32
+	readAt  []time.Time
+	dead    []int64 // deadlines, unix ns
+	wg      sync.WaitGroup
+}
+
+// job is one chunk of one request's lookups.
+type job struct {
+	b       *openBatch
+	entry   int
+	payload []byte
+	reqN    int // examples in the whole request
+	first   int // first example of the chunk within the request
+	n       int
+	row     int // staging row of the chunk's first example
+}
+
+// serve runs one generation: heartbeat, workers and the dispatcher.
+func (e *Embedder) serve(ctx context.Context, seg *shm.Segment) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = seg.Heartbeat(ctx, 0)
+	}()
+
+	jobs := make(chan job, 4096)
+	for i := 0; i < e.opts.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := e.newWorker()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case j := <-jobs:
+					w.run(j)
+				}
+			}
+		}()
+	}
+	d, err := e.newDispatcher(seg, jobs)
+	if err != nil {
+		return err
+	}
+	return d.run(ctx)
+}
+
+// worker does lookup jobs with its own scratch, so ids read from shared
+// memory are copied once and then validated and used from private memory:
+// a frontend rewriting them mid-lookup cannot make the kernel read out of
+// bounds.
+type worker struct {
+	e   *Embedder
+	ids []int32
+}
+
+func (e *Embedder) newWorker() *worker {
+	return &worker{e: e, ids: make([]int32, DefaultChunk*e.cfg.SparseWidth())}
+}
+
+func (w *worker) run(j job) {
+	defer j.b.wg.Done()
+	start := time.Now()
+	cfg := w.e.cfg
+	width := cfg.SparseWidth()
+	lay := cfg.Request(j.reqN)
+	ids := w.ids[:j.n*width]
+	src := unsafe.Slice((*int32)(unsafe.Pointer(&j.payload[lay.SparseOffset+j.first*width*4])), j.n*width)
+	copy(ids, src)
+	tables := w.e.store.Tables
+	per := len(cfg.VocabSizes) * cfg.EmbeddingDim
+	out := j.b.pooled[j.row*per : (j.row+j.n)*per]
+	if err := tables.Validate(ids, j.n); err != nil {
+		j.b.status[j.entry].Store(shm.StatusInvalid)
+		return
+	}
+	if err := tables.Pool(out, ids, j.n); err != nil {
+		j.b.status[j.entry].Store(shm.StatusInternal)
+		return
+	}
+	dsrc := unsafe.Slice((*float32)(unsafe.Pointer(&j.payload[j.first*cfg.NumDense*4])), j.n*cfg.NumDense)
+	copy(j.b.dense[j.row*cfg.NumDense:(j.row+j.n)*cfg.NumDense], dsrc)
+	w.e.m.lookup.Observe(time.Since(start).Seconds())
+}
+
+// Close releases the tables if Run was never called.
+func (e *Embedder) Close() error { return e.store.Close() }

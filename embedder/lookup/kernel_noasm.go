@@ -1,0 +1,11 @@
+//go:build !amd64 || !gc || noasm
+
+package lookup
+
+// supported lists the kernels this build runs: only the plain-Go one.
+func supported() []kernel { return []kernel{kernelGeneric} }
+
+// pool runs the plain-Go kernel on n checked examples.
+func (k kernel) pool(t *Tables, out []float32, ids []int32, n int) {
+	poolGeneric(t, out, ids, n)
+}

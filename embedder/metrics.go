@@ -1,0 +1,79 @@
+package embedder
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the embedder's Prometheus series; names follow
+// recmesh_embedder_<thing>_<unit>.
+type metrics struct {
+	requests     *prometheus.CounterVec
+	queueWait    prometheus.Histogram
+	lookup       prometheus.Histogram
+	batch        prometheus.Histogram
+	queueDepth   prometheus.Gauge
+	occupancy    *prometheus.GaugeVec
+	lanesInUse   prometheus.Gauge
+	hugeFraction prometheus.Gauge
+	generation   prometheus.Gauge
+	tableBytes   prometheus.Gauge
+
+	// Pre-bound children so the hot path does no label lookups.
+	reqOK, reqInvalid, reqExpired, reqCanceled, reqCorrupt prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "recmesh_embedder_requests_total",
+			Help: "Requests the embedder read from the lanes, by outcome.",
+		}, []string{"status"}),
+		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "recmesh_embedder_queue_wait_seconds",
+			Help:    "Time from reading a request to publishing its batch.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 16),
+		}),
+		lookup: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "recmesh_embedder_lookup_seconds",
+			Help:    "Gather and sum-pool time of one lookup job.",
+			Buckets: prometheus.ExponentialBuckets(5e-6, 2, 16),
+		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "recmesh_embedder_batch_examples",
+			Help:    "Examples per published batch.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 13),
+		}),
+		queueDepth: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "recmesh_embedder_queue_depth",
+			Help: "Requests queued in lane rings or held in the open batch.",
+		}),
+		occupancy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "recmesh_embedder_ring_occupancy_ratio",
+			Help: "Fill of each lane's request ring (0..1).",
+		}, []string{"lane"}),
+		lanesInUse: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "recmesh_embedder_lanes_in_use",
+			Help: "Lanes claimed by frontends.",
+		}),
+		hugeFraction: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "recmesh_embedder_huge_page_fraction",
+			Help: "Fraction of the table region backed by huge pages.",
+		}),
+		generation: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "recmesh_embedder_generation",
+			Help: "Generation of the segment being served.",
+		}),
+		tableBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "recmesh_embedder_table_bytes",
+			Help: "Bytes of embedding tables held (one copy for the whole mesh).",
+		}),
+	}
+	reg.MustRegister(m.requests, m.queueWait, m.lookup, m.batch, m.queueDepth, m.occupancy,
+		m.lanesInUse, m.hugeFraction, m.generation, m.tableBytes)
+	m.reqOK = m.requests.WithLabelValues("ok")
+	m.reqInvalid = m.requests.WithLabelValues("invalid")
+	m.reqExpired = m.requests.WithLabelValues("expired")
+	m.reqCanceled = m.requests.WithLabelValues("canceled")
+	m.reqCorrupt = m.requests.WithLabelValues("corrupt")
+	return m
+}

@@ -1,0 +1,70 @@
+package embedder
+
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/recmesh/recmesh/embedder/lookup"
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/shm/hugepage"
+)
+
+// Store is the one copy of the embedding tables in the mesh: every table of
+// a bundle copied into a single huge-page region, and the lookup kernel's
+// view of it. The bundle mapping is dropped once copied, so its page cache
+// can go and the region is the only resident copy.
+type Store struct {
+	Config model.Config
+	Tables *lookup.Tables
+	region *hugepage.Region
+	// Mode is the region's backing and HugePageFraction how much of it is
+	// huge pages, read back from /proc/self/smaps after the copy.
+	Mode             hugepage.Mode
+	HugePageFraction float64
+}
+
+// LoadStore copies the tables of the bundle at dir into a huge-page region.
+func LoadStore(dir string) (*Store, error) {
+	b, err := model.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("embedder: load tables: %w", err)
+	}
+	defer b.Close()
+	cfg := b.Config
+	size := int(cfg.TableBytes())
+	region, err := hugepage.Map(size, hugepage.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("embedder: map %d-byte table region: %w", size, err)
+	}
+	mem := region.Bytes()
+	data := make([][]float32, len(cfg.VocabSizes))
+	off := 0
+	for i := range cfg.VocabSizes {
+		src := b.Table(i)
+		n := len(src) * 4
+		dst := unsafe.Slice((*float32)(unsafe.Pointer(&mem[off])), len(src))
+		copy(dst, src)
+		data[i] = dst
+		off += n
+	}
+	// The copy is the only one we need: let the kernel drop the file pages.
+	_ = b.Advise(unix.MADV_DONTNEED)
+	tables, err := lookup.NewTables(data, cfg.Hotness)
+	if err != nil {
+		region.Close()
+		return nil, fmt.Errorf("embedder: tables: %w", err)
+	}
+	frac, err := region.HugePageFraction()
+	if err != nil {
+		frac = 0
+	}
+	return &Store{Config: cfg, Tables: tables, region: region, Mode: region.Mode(), HugePageFraction: frac}, nil
+}
+
+// Bytes is the size of the tables.
+func (s *Store) Bytes() int64 { return s.Config.TableBytes() }
+
+// Close unmaps the region; the store must not be used afterwards.
+func (s *Store) Close() error { return s.region.Close() }
