@@ -226,7 +226,6 @@ func (e *Embedder) create() (*shm.Segment, error) {
 	return seg, nil
 }
 
-
 // openBatch is the batch being filled in one staging buffer. One exists
 // per staging buffer, made once, so filling a batch allocates nothing.
 type openBatch struct {

@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/recmesh/recmesh/model"
-	"github.com/recmesh/recmesh/telemetry"
 	"github.com/recmesh/recmesh/proto/inference"
+	"github.com/recmesh/recmesh/telemetry"
 )
 
 // metricsShutdownTimeout bounds how long the metrics endpoint may take to

@@ -3,10 +3,10 @@ package telemetry
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 

@@ -34,8 +34,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/recmesh/recmesh/proto/oip"
 	pb "github.com/recmesh/recmesh/proto/inference"
+	"github.com/recmesh/recmesh/proto/oip"
 )
 
 // Mode is the arrival process.

@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/recmesh/recmesh/bench/internal/oiptest"
-	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/oip"
 )
 
 // The tests run against a fake server on loopback with controlled service

@@ -3,8 +3,8 @@ package loadgen
 import (
 	"fmt"
 
-	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/oip"
 )
 
 // Workload defaults.

@@ -10,9 +10,9 @@ import (
 	"math"
 	"time"
 
-	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/model"
 	pb "github.com/recmesh/recmesh/proto/inference"
+	"github.com/recmesh/recmesh/proto/oip"
 )
 
 // Defaults of a check.

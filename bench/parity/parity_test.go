@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/recmesh/recmesh/bench/internal/oiptest"
-	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/oip"
 )
 
 // openBundle exports the small test bundle into a temporary directory.

@@ -14,10 +14,10 @@ import (
 
 	"github.com/recmesh/recmesh/bench/loadgen"
 	"github.com/recmesh/recmesh/bench/monitor"
-	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/bench/parity"
 	"github.com/recmesh/recmesh/model"
 	pb "github.com/recmesh/recmesh/proto/inference"
+	"github.com/recmesh/recmesh/proto/oip"
 )
 
 // paths finds the installed Python side, or skips: outside CI a developer

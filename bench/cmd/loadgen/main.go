@@ -33,9 +33,9 @@ import (
 	"github.com/recmesh/recmesh/bench/cpuset"
 	"github.com/recmesh/recmesh/bench/loadgen"
 	"github.com/recmesh/recmesh/bench/monitor"
-	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/bench/parity"
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/oip"
 )
 
 func main() {

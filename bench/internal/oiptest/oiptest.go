@@ -18,9 +18,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/recmesh/recmesh/proto/oip"
 	"github.com/recmesh/recmesh/model"
 	pb "github.com/recmesh/recmesh/proto/inference"
+	"github.com/recmesh/recmesh/proto/oip"
 )
 
 // Options shape the fake's behaviour; every field is optional.

@@ -33,8 +33,8 @@ import (
 	"github.com/recmesh/recmesh/frontend"
 	"github.com/recmesh/recmesh/frontend/internal/refbackend"
 	"github.com/recmesh/recmesh/frontend/internal/shmbackend"
-	"github.com/recmesh/recmesh/shm"
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/shm"
 )
 
 // Defaults that are the command's own; the rest come from package frontend.
