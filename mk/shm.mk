@@ -1,0 +1,25 @@
+# shm: the shared-memory transport's benchmark and fuzz targets. Included by
+# the root Makefile (-include mk/*.mk), which defines ROOT and GO.
+
+.PHONY: bench-ring bench-ring-go fuzz-shm
+
+## bench-ring: two real processes ping-pong over one lane (both spinning),
+## then stream with every slot in flight. The last line is
+## "ring: round_trip_p50_us=<x> round_trip_p99_us=<y> msgs_per_s=<z>".
+bench-ring: $(DEPS)/go.stamp
+	@$(GO) run ./shm/cmd/ringbench
+
+## bench-ring-go: the in-process go benchmarks, with allocations per message.
+bench-ring-go: $(DEPS)/go.stamp
+	$(GO) test -run=NONE -bench=. -benchmem ./shm/
+
+## fuzz-shm: every shm fuzz target for SHM_FUZZTIME each, one invocation per
+## target (go test -fuzz takes one at a time). Minimisation of new inputs is
+## capped so it does not eat the whole budget.
+SHM_FUZZTIME ?= 10s
+SHM_FUZZ     := FuzzAttachHeader FuzzSharedMemory
+fuzz-shm: $(DEPS)/go.stamp
+	@for f in $(SHM_FUZZ); do \
+		echo "fuzz-shm: $$f for $(SHM_FUZZTIME)"; \
+		$(GO) test -run=NONE -fuzz="^$$f\$$" -fuzztime=$(SHM_FUZZTIME) -fuzzminimizetime=2s ./shm/ || exit 1; \
+	done

@@ -1,0 +1,335 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+)
+
+// BatchDesc describes one batch on the batch ring.
+type BatchDesc struct {
+	Seq      uint64 // 1, 2, 3, ... in publication order; set by Publish
+	Staging  int    // staging buffer holding the batch; set by Publish
+	Examples int    // rows in the staging buffer
+	Entries  int    // requests carried (entries table length)
+	Trace    TraceContext
+}
+
+// BatchEntry is one request carried by a batch: which lane slot it answers
+// and which rows of the staging buffer are its examples.
+type BatchEntry struct {
+	Lane     int
+	Slot     int
+	Epoch    uint32
+	FirstRow int
+	Rows     int
+	Status   uint32 // StatusOK, or why the embedder dropped it (Rows is then 0)
+}
+
+// Batch is a batch as the accelerator reads it.
+type Batch struct {
+	BatchDesc
+	// Data is the staging buffer: Examples rows the embedder wrote, in a
+	// format the embedder and accelerator agree on. It starts page-aligned,
+	// so it can be wrapped as a zero-copy device buffer.
+	Data []byte
+}
+
+// Staging is one staging buffer: its state word, entries table and data.
+type Staging struct {
+	index   int
+	state   *uint32
+	entries []byte
+	data    []byte
+}
+
+func (s *Segment) newStagings() []Staging {
+	out := make([]Staging, s.geo.StagingCount)
+	for i := range out {
+		m := s.lay.stagingMeta + i*s.lay.metaStride
+		d := s.lay.stagingData + i*s.geo.StagingBytes
+		ents := m + stagingEntriesOff
+		out[i] = Staging{
+			index:   i,
+			state:   word32(s.mem, m+stagingState),
+			entries: s.mem[ents : ents+s.geo.MaxBatchEntries*stagingEntryBytes : ents+s.geo.MaxBatchEntries*stagingEntryBytes],
+			data:    s.mem[d : d+s.geo.StagingBytes : d+s.geo.StagingBytes],
+		}
+	}
+	return out
+}
+
+// Index is the staging buffer's index.
+func (st *Staging) Index() int { return st.index }
+
+// Data is the whole staging buffer, for the embedder to fill.
+func (st *Staging) Data() []byte { return st.data }
+
+// SetEntry writes entry i of the batch being filled.
+func (st *Staging) SetEntry(i int, e BatchEntry) error {
+	if i < 0 || i >= len(st.entries)/stagingEntryBytes {
+		return fmt.Errorf("shm: staging %d: entry %d outside [0, %d)", st.index, i, len(st.entries)/stagingEntryBytes)
+	}
+	if atomic.LoadUint32(st.state) != stagingFilling {
+		return fmt.Errorf("shm: staging %d: %w: not filling", st.index, ErrState)
+	}
+	b := st.entries[i*stagingEntryBytes : (i+1)*stagingEntryBytes]
+	put32(b, stLane, uint32(e.Lane))
+	put32(b, stSlot, uint32(e.Slot))
+	put32(b, stEpoch, e.Epoch)
+	put32(b, stFirstRow, uint32(e.FirstRow))
+	put32(b, stRows, uint32(e.Rows))
+	put32(b, stStatus, e.Status)
+	return nil
+}
+
+// BatchWriter is the embedder's side of the staging buffers and the batch
+// ring. Use one per segment, from the goroutine that builds batches.
+type BatchWriter struct {
+	seg  *Segment
+	r    ring
+	st   []Staging
+	next int // where the next free-buffer scan starts
+	free func() bool
+}
+
+// BatchWriter returns the embedder's batch producer.
+func (s *Segment) BatchWriter() *BatchWriter {
+	w := &BatchWriter{
+		seg: s,
+		r:   newRing(s.mem, s.lay.batchRing, s.lay.batchRing+batchEntriesOff, s.lay.batchRingCap, batchEntryBytes).producer(),
+		st:  s.staging,
+	}
+	w.free = w.anyFree
+	return w
+}
+
+func (w *BatchWriter) anyFree() bool {
+	for i := range w.st {
+		if atomic.LoadUint32(w.st[i].state) == stagingFree {
+			return true
+		}
+	}
+	return false
+}
+
+// TryAcquire claims a free staging buffer for filling, or returns ok=false
+// when the accelerator holds them all.
+func (w *BatchWriter) TryAcquire() (*Staging, bool) {
+	for k := range w.st {
+		st := &w.st[(w.next+k)%len(w.st)]
+		if atomic.CompareAndSwapUint32(st.state, stagingFree, stagingFilling) {
+			w.next = (st.index + 1) % len(w.st)
+			return st, true
+		}
+	}
+	return nil, false
+}
+
+// Acquire claims a free staging buffer, waiting on the staging doorbell
+// while the accelerator holds them all. It fails when ctx is done or the
+// accelerator dies (ErrAcceleratorDead), so the embedder can fail the
+// requests it holds instead of hanging.
+func (w *BatchWriter) Acquire(ctx context.Context) (*Staging, error) {
+	for {
+		if st, ok := w.TryAcquire(); ok {
+			return st, nil
+		}
+		got, err := w.seg.stagingBell.Wait(ctx, w.free, DefaultLivenessTick)
+		if err != nil {
+			return nil, err
+		}
+		if !got {
+			if err := w.seg.AcceleratorAlive(0); err != nil && !errors.Is(err, ErrNoAccelerator) {
+				return nil, err
+			}
+		}
+	}
+}
+
+// Abort returns a buffer that is being filled without publishing it.
+func (w *BatchWriter) Abort(st *Staging) error {
+	if !atomic.CompareAndSwapUint32(st.state, stagingFilling, stagingFree) {
+		return fmt.Errorf("shm: abort staging %d: %w: not filling", st.index, ErrState)
+	}
+	return nil
+}
+
+// Publish hands a filled buffer to the accelerator: it marks the buffer
+// ready, publishes the descriptor on the batch ring (the tail store is the
+// last write) and rings the batch doorbell. It returns the batch seq.
+func (w *BatchWriter) Publish(st *Staging, d BatchDesc) (uint64, error) {
+	if d.Entries < 0 || d.Entries > w.seg.geo.MaxBatchEntries || d.Examples < 0 || d.Examples > 1<<31-1 {
+		return 0, fmt.Errorf("shm: publish batch: %d entries, %d examples out of range", d.Entries, d.Examples)
+	}
+	if atomic.LoadUint32(st.state) != stagingFilling {
+		return 0, fmt.Errorf("shm: publish staging %d: %w: not filling", st.index, ErrState)
+	}
+	t, err := w.r.claim(1)
+	if err != nil {
+		return 0, fmt.Errorf("shm: publish batch: %w", err)
+	}
+	seq := t + 1
+	e := w.r.entry(t)
+	put64(e, batchSeq, seq)
+	put32(e, batchStaging, uint32(st.index))
+	put32(e, batchExamples, uint32(d.Examples))
+	put32(e, batchEntries, uint32(d.Entries))
+	copy(e[batchTraceID:batchTraceID+16], d.Trace.TraceID[:])
+	copy(e[batchSpanID:batchSpanID+8], d.Trace.SpanID[:])
+	e[batchTraceFlags] = d.Trace.Flags
+	atomic.StoreUint32(st.state, stagingReady)
+	w.r.commit(seq)
+	w.seg.batchBell.Ring()
+	return seq, nil
+}
+
+// BatchReader is the accelerator's side of the batch ring. Use one per
+// segment, from one goroutine.
+type BatchReader struct {
+	seg     *Segment
+	r       ring
+	st      []Staging
+	done    uint64 // every batch ≤ done is finished
+	window  uint64 // bit i: batch done+2+i finished out of order
+	hasWork func() bool
+}
+
+// BatchReader returns the accelerator's batch consumer.
+func (s *Segment) BatchReader() *BatchReader {
+	r := &BatchReader{
+		seg:  s,
+		r:    newRing(s.mem, s.lay.batchRing, s.lay.batchRing+batchEntriesOff, s.lay.batchRingCap, batchEntryBytes).consumer(),
+		st:   s.staging,
+		done: s.CompletedSeq(),
+	}
+	r.hasWork = r.r.pending
+	return r
+}
+
+// Poll returns the next batch, or ok=false when none is waiting. A
+// descriptor that fails validation is consumed and reported as an error
+// wrapping ErrCorrupt.
+func (r *BatchReader) Poll() (b Batch, ok bool, err error) {
+	h, n, err := r.r.peek()
+	if err != nil {
+		return Batch{}, false, fmt.Errorf("shm: batch ring: %w", err)
+	}
+	if n == 0 {
+		return Batch{}, false, nil
+	}
+	e := r.r.entry(h)
+	b.Seq = get64(e, batchSeq)
+	stIdx := get32(e, batchStaging)
+	b.Examples = int(get32(e, batchExamples))
+	entries := get32(e, batchEntries)
+	copy(b.Trace.TraceID[:], e[batchTraceID:batchTraceID+16])
+	copy(b.Trace.SpanID[:], e[batchSpanID:batchSpanID+8])
+	b.Trace.Flags = e[batchTraceFlags]
+	r.r.release(h + 1)
+	if b.Seq != h+1 {
+		return b, false, fmt.Errorf("shm: batch at position %d: %w: seq %d", h, ErrCorrupt, b.Seq)
+	}
+	if stIdx >= uint32(len(r.st)) {
+		return b, false, fmt.Errorf("shm: batch %d: %w: staging %d outside [0, %d)", b.Seq, ErrCorrupt, stIdx, len(r.st))
+	}
+	if entries > uint32(r.seg.geo.MaxBatchEntries) {
+		return b, false, fmt.Errorf("shm: batch %d: %w: %d entries, max %d", b.Seq, ErrCorrupt, entries, r.seg.geo.MaxBatchEntries)
+	}
+	st := &r.st[stIdx]
+	if s := atomic.LoadUint32(st.state); s != stagingReady {
+		return b, false, fmt.Errorf("shm: batch %d: %w: staging %d in state %d, not ready", b.Seq, ErrCorrupt, stIdx, s)
+	}
+	b.Staging, b.Entries, b.Data = int(stIdx), int(entries), st.data
+	return b, true, nil
+}
+
+// Wait returns the next batch, sleeping on the batch doorbell while there
+// is none. It marks the accelerator idle while it waits, so the embedder
+// may seal batches early, and fails with the owner's liveness error when
+// the embedder dies, or with ctx's error.
+func (r *BatchReader) Wait(ctx context.Context) (Batch, error) {
+	idle := false
+	defer func() {
+		if idle {
+			r.seg.SetAcceleratorIdle(false)
+		}
+	}()
+	for {
+		b, ok, err := r.Poll()
+		if ok || err != nil {
+			return b, err
+		}
+		if !idle {
+			r.seg.SetAcceleratorIdle(true)
+			idle = true
+		}
+		got, err := r.seg.batchBell.Wait(ctx, r.hasWork, DefaultLivenessTick)
+		if err != nil {
+			return Batch{}, err
+		}
+		if !got {
+			if err := r.seg.OwnerAlive(0); err != nil {
+				return Batch{}, err
+			}
+		}
+	}
+}
+
+// Entry returns entry i of batch b, validated against the segment and the
+// batch: lane and slot in range, rows inside the batch.
+func (r *BatchReader) Entry(b Batch, i int) (BatchEntry, error) {
+	if i < 0 || i >= b.Entries || b.Staging < 0 || b.Staging >= len(r.st) {
+		return BatchEntry{}, fmt.Errorf("shm: batch %d: entry %d outside [0, %d)", b.Seq, i, b.Entries)
+	}
+	st := &r.st[b.Staging]
+	if (i+1)*stagingEntryBytes > len(st.entries) {
+		return BatchEntry{}, fmt.Errorf("shm: batch %d: entry %d beyond the entries table", b.Seq, i)
+	}
+	p := st.entries[i*stagingEntryBytes : (i+1)*stagingEntryBytes]
+	lane, slot := get32(p, stLane), get32(p, stSlot)
+	first, rows := get32(p, stFirstRow), get32(p, stRows)
+	e := BatchEntry{Epoch: get32(p, stEpoch), Status: get32(p, stStatus)}
+	g := r.seg.geo
+	if lane >= uint32(g.Lanes) || slot >= uint32(g.SlotsPerLane) {
+		return e, fmt.Errorf("shm: batch %d entry %d: %w: lane %d slot %d out of range", b.Seq, i, ErrCorrupt, lane, slot)
+	}
+	if uint64(first)+uint64(rows) > uint64(b.Examples) {
+		return e, fmt.Errorf("shm: batch %d entry %d: %w: rows [%d, +%d) beyond %d examples", b.Seq, i, ErrCorrupt, first, rows, b.Examples)
+	}
+	e.Lane, e.Slot, e.FirstRow, e.Rows = int(lane), int(slot), int(first), int(rows)
+	return e, nil
+}
+
+// Done returns batch b's staging buffer to the embedder and advances the
+// completed seq, which the reclaimer reads to know that no batch still
+// writes into a draining lane's arena. Batches may finish out of order (up
+// to 64 ahead); the completed seq only covers a gap-free prefix.
+func (r *BatchReader) Done(b Batch) error {
+	if b.Staging < 0 || b.Staging >= len(r.st) {
+		return fmt.Errorf("shm: batch %d done: staging %d out of range", b.Seq, b.Staging)
+	}
+	if b.Seq <= r.done || b.Seq > r.done+65 {
+		return fmt.Errorf("shm: batch %d done: %w: completed up to %d", b.Seq, ErrState, r.done)
+	}
+	if b.Seq > r.done+1 && r.window&(1<<(b.Seq-r.done-2)) != 0 {
+		return fmt.Errorf("shm: batch %d done twice: %w", b.Seq, ErrState)
+	}
+	if !atomic.CompareAndSwapUint32(r.st[b.Staging].state, stagingReady, stagingFree) {
+		return fmt.Errorf("shm: batch %d done: %w: staging %d not ready", b.Seq, ErrState, b.Staging)
+	}
+	if b.Seq == r.done+1 {
+		r.done++
+		for r.window&1 != 0 {
+			r.window >>= 1
+			r.done++
+		}
+		r.window >>= 1
+	} else {
+		r.window |= 1 << (b.Seq - r.done - 2)
+	}
+	atomic.StoreUint64(r.seg.completed, r.done)
+	r.seg.stagingBell.Ring()
+	return nil
+}

@@ -1,0 +1,516 @@
+package shm
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// laneCtl is the set of views into one lane's control block and arena.
+type laneCtl struct {
+	index     int
+	owner     *uint32
+	epoch     *uint32
+	state     *uint32
+	heartbeat *uint64
+	pidNS     *uint64
+	drainSeq  *uint64
+	bell      *Doorbell
+	block     []byte // the control block
+	slots     []byte // the slot table
+	arena     []byte
+	reqCtl    int // offsets of the ring parts within the mapping
+	reqEnts   int
+	complCtl  int
+	complEnts int
+}
+
+// lane returns the views of lane i; i must be in [0, Lanes).
+func (s *Segment) lane(i int) *laneCtl { return &s.lanes[i] }
+
+func (s *Segment) newLaneCtl(i int) laneCtl {
+	base := s.lay.laneBase(i)
+	block := s.mem[base : base+s.lay.laneStride : base+s.lay.laneStride]
+	slots := block[s.lay.slots : s.lay.slots+s.geo.SlotsPerLane*SlotBytes]
+	ab := s.lay.arenaBase(i, s.geo)
+	return laneCtl{
+		index:     i,
+		owner:     word32(block, laneOwner),
+		epoch:     word32(block, laneEpoch),
+		state:     word32(block, laneState),
+		heartbeat: word64(block, laneHeartbeat),
+		pidNS:     word64(block, lanePidNS),
+		drainSeq:  word64(block, laneDrainSeq),
+		bell:      newDoorbell(block, laneBell),
+		block:     block,
+		slots:     slots[:len(slots):len(slots)],
+		arena:     s.mem[ab : ab+s.geo.ArenaBytes : ab+s.geo.ArenaBytes],
+		reqCtl:    base + laneReqCtl,
+		reqEnts:   base + laneReqEntries,
+		complCtl:  base + laneComplCtl,
+		complEnts: base + s.lay.complEntries,
+	}
+}
+
+func (s *Segment) requestRing(c *laneCtl) ring {
+	return newRing(s.mem, c.reqCtl, c.reqEnts, s.geo.RingCapacity, reqEntryBytes)
+}
+
+func (s *Segment) completionRing(c *laneCtl) ring {
+	return newRing(s.mem, c.complCtl, c.complEnts, s.geo.RingCapacity, complEntryBytes)
+}
+
+// slot is the header bytes of slot i; i must be in [0, SlotsPerLane).
+func (c *laneCtl) slot(i int) []byte {
+	return c.slots[i*SlotBytes : (i+1)*SlotBytes : (i+1)*SlotBytes]
+}
+
+func (s *Segment) checkLaneIndex(i int) error {
+	if i < 0 || i >= s.geo.Lanes {
+		return fmt.Errorf("shm: lane %d outside [0, %d)", i, s.geo.Lanes)
+	}
+	return nil
+}
+
+// Frontend-private slot states. A slot cycles
+// idle → claimed → committed → completed → (committed again | idle).
+const (
+	slotIdle      uint8 = iota // free for Claim
+	slotClaimed                // room reserved, being filled; not visible to anyone
+	slotCommitted              // published on the request ring; the serving side owns it
+	slotCompleted              // its completion arrived; scores readable
+)
+
+// slotRecord is the frontend's own copy of what it put in a slot, so it
+// never has to trust the shared header to free the slot's room.
+type slotRecord struct {
+	state    uint8
+	examples int32
+	off      int32 // arena offset of the payload; scores follow
+	payload  int32 // payload bytes
+}
+
+// Completion is one completion ring entry: the serving side's answer to
+// the request in Slot.
+type Completion struct {
+	Slot     int
+	Epoch    uint32
+	Status   uint32 // StatusOK or the producer's code
+	Examples int
+}
+
+// RequestMeta is what Commit writes into the slot header beside what Claim
+// already decided (examples, payload and scores placement).
+type RequestMeta struct {
+	ID       uint64
+	Deadline int64 // unix ns; 0 means none
+	Trace    TraceContext
+}
+
+// Lane is a frontend's claimed lane: the producer side of its request ring,
+// the consumer side of its completion ring, its slots and its arena.
+//
+// A request goes Claim → (fill Payload) → Commit → completion (Poll or
+// WaitCompletion) → Scores → Free; Free after Claim aborts it. A completed
+// slot may be committed again with the same room. A slot's room belongs to
+// the serving side from Commit until its completion arrives, also when the
+// request is cancelled, so it must not be freed or rewritten in between.
+//
+// Lane is safe for concurrent use: one mutex serialises the request ring's
+// producer side and the slot bookkeeping. Only one goroutine should wait
+// for completions at a time (it then dispatches them).
+type Lane struct {
+	seg   *Segment
+	ctl   *laneCtl
+	pid   uint32
+	epoch uint32
+
+	mu      sync.Mutex
+	req     ring // producer side
+	compl   ring // consumer side
+	pages   *PageAllocator
+	recs    []slotRecord
+	free    []int32 // idle slot indices, a stack
+	active  int     // committed slots awaiting completion
+	lost    bool
+	hasWork func() bool // compl has entries; stored once so waits do not allocate
+}
+
+// ClaimLane claims a free lane for the frontend process pid by
+// compare-and-swap on the lane's owner word, and bumps the lane's epoch so
+// nothing addressed to a previous owner can be mistaken for this one's.
+// It fails with ErrNoFreeLane when every lane is owned and with ErrDraining
+// or ErrClosed when the segment no longer accepts work.
+func (s *Segment) ClaimLane(pid int) (*Lane, error) {
+	if pid <= 0 || pid > 1<<31-1 {
+		return nil, fmt.Errorf("shm: claim lane: bad pid %d", pid)
+	}
+	if err := s.acceptsWork(); err != nil {
+		return nil, fmt.Errorf("shm: claim lane: %w", err)
+	}
+	n := s.geo.Lanes
+	for k := 0; k < n; k++ {
+		// Start at a pid-dependent lane so concurrent claimers rarely collide.
+		c := s.lane((pid + k) % n)
+		if atomic.LoadUint32(c.owner) != noOwner {
+			continue
+		}
+		// A fresh heartbeat before the claim is visible, so the reclaimer
+		// never judges a just-claimed lane by its previous owner's beat.
+		atomic.StoreUint64(c.heartbeat, uint64(monoNow()))
+		if !atomic.CompareAndSwapUint32(c.owner, noOwner, uint32(pid)) {
+			continue
+		}
+		epoch := atomic.AddUint32(c.epoch, 1)
+		atomic.StoreUint64(c.pidNS, s.pidNS)
+		atomic.StoreUint64(c.heartbeat, uint64(monoNow()))
+		if !atomic.CompareAndSwapUint32(c.state, laneFree, laneActive) {
+			// The owner word said free but the state did not: corrupt.
+			// Hand the owner word back and try the next lane.
+			atomic.StoreUint32(c.owner, noOwner)
+			continue
+		}
+		return s.newLane(c, uint32(pid), epoch), nil
+	}
+	return nil, fmt.Errorf("shm: claim lane in %s: %w", s.path, ErrNoFreeLane)
+}
+
+func (s *Segment) newLane(c *laneCtl, pid, epoch uint32) *Lane {
+	slots := s.geo.SlotsPerLane
+	l := &Lane{
+		seg:   s,
+		ctl:   c,
+		pid:   pid,
+		epoch: epoch,
+		req:   s.requestRing(c).producer(),
+		compl: s.completionRing(c).consumer(),
+		pages: NewPageAllocator(s.geo.ArenaBytes),
+		recs:  make([]slotRecord, slots),
+		free:  make([]int32, slots),
+	}
+	for i := range l.free {
+		l.free[i] = int32(slots - 1 - i) // pop order 0, 1, 2, ...
+	}
+	l.hasWork = l.compl.pending
+	return l
+}
+
+// acceptsWork reports why the segment takes no new work, if it does not.
+func (s *Segment) acceptsWork() error {
+	switch st := s.State(); st {
+	case StateReady:
+		return nil
+	case StateDraining:
+		return ErrDraining
+	case StateClosed:
+		return ErrClosed
+	default:
+		return fmt.Errorf("%w: state %v", ErrNotReady, st)
+	}
+}
+
+// Index is the lane's index in the segment.
+func (l *Lane) Index() int { return l.ctl.index }
+
+// Epoch is the lane epoch this claim holds.
+func (l *Lane) Epoch() uint32 { return l.epoch }
+
+// Arena is the lane's payload and scores arena.
+func (l *Lane) Arena() []byte { return l.ctl.arena }
+
+// Bell is the doorbell the accelerator rings after publishing completions.
+func (l *Lane) Bell() *Doorbell { return l.ctl.bell }
+
+// InFlight is the number of committed requests still awaiting completion.
+func (l *Lane) InFlight() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.active
+}
+
+// FreePages is the number of arena pages not reserved by a slot.
+func (l *Lane) FreePages() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pages.FreePages()
+}
+
+// checkOwned fails with ErrLaneLost once the lane is no longer this claim's.
+// Caller holds mu.
+func (l *Lane) checkOwned() error {
+	if l.lost || atomic.LoadUint32(l.ctl.epoch) != l.epoch || atomic.LoadUint32(l.ctl.owner) != l.pid {
+		l.lost = true
+		return fmt.Errorf("shm: lane %d epoch %d: %w", l.ctl.index, l.epoch, ErrLaneLost)
+	}
+	return nil
+}
+
+// Claim reserves an idle slot and arena room for a request of examples
+// examples and payloadBytes of payload (and its float32 scores). It returns
+// the slot and the payload bytes to fill. ErrFull means no idle slot or no
+// room: the frontend should answer "resource exhausted".
+func (l *Lane) Claim(examples, payloadBytes int) (slot int, payload []byte, err error) {
+	g := l.seg.geo
+	if examples < 1 || examples > g.MaxExamples || payloadBytes < 0 || payloadBytes > g.ArenaBytes {
+		return 0, nil, fmt.Errorf("shm: claim slot: %d examples, %d bytes outside the lane's limits", examples, payloadBytes)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.checkOwned(); err != nil {
+		return 0, nil, err
+	}
+	if len(l.free) == 0 {
+		return 0, nil, fmt.Errorf("shm: claim slot: %w: all %d slots in use", ErrFull, g.SlotsPerLane)
+	}
+	// Payload then scores in one run; scores start 4-byte aligned.
+	scores := roundUp(payloadBytes, 4)
+	off, ok := l.pages.Alloc(scores + 4*examples)
+	if !ok {
+		return 0, nil, fmt.Errorf("shm: claim slot: %w: no %d-byte run in the arena", ErrFull, scores+4*examples)
+	}
+	slot = int(l.free[len(l.free)-1])
+	l.free = l.free[:len(l.free)-1]
+	l.recs[slot] = slotRecord{state: slotClaimed, examples: int32(examples), off: int32(off), payload: int32(payloadBytes)}
+	return slot, l.ctl.arena[off : off+payloadBytes : off+payloadBytes], nil
+}
+
+// Commit writes the slot header and publishes the slot on the request ring
+// (the tail store is the last write), then rings the embedder's doorbell.
+// The slot must be claimed, or completed (to send it again).
+func (l *Lane) Commit(slot int, m RequestMeta) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.checkOwned(); err != nil {
+		return err
+	}
+	if err := l.seg.acceptsWork(); err != nil {
+		return fmt.Errorf("shm: commit lane %d: %w", l.ctl.index, err)
+	}
+	rec, err := l.record(slot, slotClaimed, slotCompleted)
+	if err != nil {
+		return err
+	}
+	t, err := l.req.claim(1)
+	if err != nil {
+		return fmt.Errorf("shm: commit lane %d slot %d: %w", l.ctl.index, slot, err)
+	}
+	h := SlotHeader{
+		RequestID:     m.ID,
+		Deadline:      m.Deadline,
+		Examples:      int(rec.examples),
+		PayloadOffset: int(rec.off),
+		PayloadLength: int(rec.payload),
+		ScoresOffset:  int(rec.off) + roundUp(int(rec.payload), 4),
+		Trace:         m.Trace,
+	}
+	writeSlotHeader(l.ctl.slot(slot), &h)
+	e := l.req.entry(t)
+	put32(e, reqSlot, uint32(slot))
+	put32(e, reqEpoch, l.epoch)
+	l.req.commit(t + 1)
+	rec.state = slotCommitted
+	l.active++
+	l.seg.embedder.Ring()
+	return nil
+}
+
+// record returns slot's record if the slot is in one of the given states.
+// Caller holds mu.
+func (l *Lane) record(slot int, states ...uint8) (*slotRecord, error) {
+	if slot < 0 || slot >= len(l.recs) {
+		return nil, fmt.Errorf("shm: lane %d: slot %d outside [0, %d)", l.ctl.index, slot, len(l.recs))
+	}
+	rec := &l.recs[slot]
+	for _, s := range states {
+		if rec.state == s {
+			return rec, nil
+		}
+	}
+	return nil, fmt.Errorf("shm: lane %d slot %d: %w: %s", l.ctl.index, slot, ErrState, slotStateName(rec.state))
+}
+
+func slotStateName(s uint8) string {
+	switch s {
+	case slotIdle:
+		return "idle"
+	case slotClaimed:
+		return "claimed"
+	case slotCommitted:
+		return "committed"
+	case slotCompleted:
+		return "completed"
+	}
+	return "unknown"
+}
+
+// Cancel asks the serving side to drop a committed request. The request
+// still completes (with StatusCanceled, or normally if it was too late),
+// and its room stays reserved until then.
+func (l *Lane) Cancel(slot int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, err := l.record(slot, slotCommitted); err != nil {
+		return err
+	}
+	atomic.StoreUint32(word32(l.ctl.slot(slot), slotCancel), 1)
+	return nil
+}
+
+// Scores returns the float32 scores (native-endian bytes) of a completed
+// slot, located from the frontend's own record rather than the shared header.
+func (l *Lane) Scores(slot int) ([]byte, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rec, err := l.record(slot, slotCompleted)
+	if err != nil {
+		return nil, err
+	}
+	off := int(rec.off) + roundUp(int(rec.payload), 4)
+	n := 4 * int(rec.examples)
+	return l.ctl.arena[off : off+n : off+n], nil
+}
+
+// Free returns a claimed (abort) or completed slot and its room.
+func (l *Lane) Free(slot int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rec, err := l.record(slot, slotClaimed, slotCompleted)
+	if err != nil {
+		return err
+	}
+	if err := l.pages.Free(int(rec.off), roundUp(int(rec.payload), 4)+4*int(rec.examples)); err != nil {
+		return fmt.Errorf("shm: lane %d slot %d: %w", l.ctl.index, slot, err)
+	}
+	*rec = slotRecord{}
+	l.free = append(l.free, int32(slot))
+	return nil
+}
+
+// Poll returns the next completion, or ok=false when none is waiting. A
+// completion that fails validation is consumed and reported as an error:
+// ErrStaleEpoch (left over from a previous owner) is harmless and the
+// caller may keep polling; ErrCorrupt (unknown or not committed slot, wrong
+// count, broken counters) means the lane cannot be trusted: fail its
+// in-flight work, Release it and claim another.
+func (l *Lane) Poll() (c Completion, ok bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, n, err := l.compl.peek()
+	if err != nil {
+		return Completion{}, false, fmt.Errorf("shm: lane %d completions: %w", l.ctl.index, err)
+	}
+	if n == 0 {
+		return Completion{}, false, nil
+	}
+	e := l.compl.entry(h)
+	c = Completion{
+		Slot:     int(get32(e, complSlot)),
+		Epoch:    get32(e, complEpoch),
+		Status:   get32(e, complStatus),
+		Examples: int(get32(e, complExamples)),
+	}
+	l.compl.release(h + 1)
+	if c.Epoch != l.epoch {
+		return c, false, fmt.Errorf("shm: lane %d completion for slot %d: %w: epoch %d, lane holds %d",
+			l.ctl.index, c.Slot, ErrStaleEpoch, c.Epoch, l.epoch)
+	}
+	rec, err := l.record(c.Slot, slotCommitted)
+	if err != nil {
+		return c, false, fmt.Errorf("%w: completion: %w", ErrCorrupt, err)
+	}
+	if c.Examples != int(rec.examples) && c.Status == StatusOK {
+		return c, false, fmt.Errorf("shm: lane %d slot %d: %w: completion for %d examples, request had %d",
+			l.ctl.index, c.Slot, ErrCorrupt, c.Examples, rec.examples)
+	}
+	rec.state = slotCompleted
+	l.active--
+	return c, true, nil
+}
+
+// WaitCompletion returns the next completion. It spins briefly, then
+// sleeps on the lane's doorbell; every DefaultLivenessTick without a
+// completion it checks that the owner and the accelerator are alive and the
+// lane is still this claim's, and returns an error wrapping ErrOwnerDead,
+// ErrAcceleratorDead, ErrClosed or ErrLaneLost when not, so in-flight work
+// fails instead of hanging. It also returns ctx's error when ctx is done.
+func (l *Lane) WaitCompletion(ctx context.Context) (Completion, error) {
+	for {
+		c, ok, err := l.Poll()
+		if ok || err != nil {
+			return c, err
+		}
+		got, err := l.ctl.bell.Wait(ctx, l.hasWork, DefaultLivenessTick)
+		if err != nil {
+			return Completion{}, err
+		}
+		if got {
+			continue
+		}
+		if err := l.seg.PeersAlive(); err != nil {
+			return Completion{}, err
+		}
+		l.mu.Lock()
+		err = l.checkOwned()
+		l.mu.Unlock()
+		if err != nil {
+			return Completion{}, err
+		}
+	}
+}
+
+// Beat stamps the lane heartbeat, or returns ErrLaneLost when the lane was
+// reclaimed from under this claim (the frontend stalled too long).
+func (l *Lane) Beat() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.checkOwned(); err != nil {
+		return err
+	}
+	atomic.StoreUint64(l.ctl.heartbeat, uint64(monoNow()))
+	return nil
+}
+
+// Heartbeat beats every interval (0: DefaultHeartbeatInterval) until ctx is
+// done (returning ctx's error) or the lane is lost (ErrLaneLost).
+func (l *Lane) Heartbeat(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		interval = DefaultHeartbeatInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if err := l.Beat(); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Release gives the lane back. With nothing in flight the lane is free at
+// once; otherwise it is handed to the embedder, which frees it when no
+// batch can still write into its arena. The handle is dead afterwards.
+func (l *Lane) Release() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.checkOwned(); err != nil {
+		return err
+	}
+	l.lost = true
+	idle := l.active == 0 && !l.req.pending()
+	if idle && atomic.CompareAndSwapUint32(l.ctl.state, laneActive, laneFree) {
+		l.compl.drop()
+		atomic.AddUint32(l.ctl.epoch, 1)
+		atomic.StoreUint32(l.ctl.owner, noOwner) // last: the lane is claimable
+		return nil
+	}
+	if !atomic.CompareAndSwapUint32(l.ctl.state, laneActive, laneReleasing) {
+		return fmt.Errorf("shm: release lane %d: %w", l.ctl.index, ErrLaneLost)
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+package shm
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// monoNow returns CLOCK_MONOTONIC in nanoseconds. Heartbeats use it rather
+// than time.Now because Go's monotonic reading is relative to each process's
+// start, while CLOCK_MONOTONIC is one clock for every process on the machine
+// (within one time namespace), and it never jumps with wall-clock changes.
+func monoNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		// CLOCK_MONOTONIC cannot fail on Linux; a zero heartbeat reads as
+		// stale, which is the safe direction.
+		return 0
+	}
+	return ts.Nano()
+}
+
+// pidNamespace identifies this process's pid namespace (the inode of
+// /proc/self/ns/pid), or 0 when /proc does not tell. Pids are only compared
+// between processes whose namespaces match: frontends in other containers
+// share the segment (same IPC namespace) but not the pid numbering, and there
+// liveness falls back to heartbeats alone.
+func pidNamespace() uint64 {
+	fi, err := os.Stat("/proc/self/ns/pid")
+	if err != nil {
+		return 0
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Ino
+	}
+	return 0
+}
+
+// pidAlive reports whether pid is a live (not zombie) process. Only call it
+// for pids from this process's pid namespace.
+func pidAlive(pid uint32) bool {
+	if pid == 0 || pid > 1<<22 { // 1<<22 is the kernel's PID_MAX_LIMIT
+		return false
+	}
+	if err := unix.Kill(int(pid), 0); errors.Is(err, unix.ESRCH) {
+		return false
+	}
+	// kill(pid, 0) succeeds on a zombie: a dead process whose parent has not
+	// reaped it yet still holds its pid. Its state letter says it is dead.
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	// Format: "pid (comm) S ...". comm may hold spaces and parentheses, so
+	// the state is the first field after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return true
+	}
+	switch b[i+2] {
+	case 'Z', 'X', 'x':
+		return false
+	}
+	return true
+}
+
+// fsBlock is the size the segment file must be a multiple of: the huge page
+// size on hugetlbfs, where ftruncate and mmap work in whole huge pages, and
+// PageSize elsewhere.
+func fsBlock(dir string) (int, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	if st.Type == unix.HUGETLBFS_MAGIC && st.Bsize > PageSize {
+		return int(st.Bsize), nil
+	}
+	return PageSize, nil
+}

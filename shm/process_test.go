@@ -1,0 +1,625 @@
+package shm
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Multi-process tests re-execute the test binary as a helper process: the
+// helper's name and arguments travel in the environment, and TestMain runs
+// the helper instead of the tests. Helpers report progress as lines on
+// stdout, which the parent waits for with deadlines.
+
+const (
+	helperEnv = "RECMESH_SHM_HELPER"
+	pathEnv   = "RECMESH_SHM_PATH"
+	countEnv  = "RECMESH_SHM_COUNT"
+)
+
+func TestMain(m *testing.M) {
+	if name := os.Getenv(helperEnv); name != "" {
+		os.Exit(runHelper(name))
+	}
+	os.Exit(m.Run())
+}
+
+func runHelper(name string) int {
+	var err error
+	switch name {
+	case "frontend-seq":
+		err = helperFrontendSeq()
+	case "frontend-torn":
+		err = helperFrontendTorn()
+	case "owner":
+		err = helperOwner()
+	case "accelerator":
+		err = helperAccelerator()
+	case "waiter":
+		err = helperWaiter()
+	default:
+		err = fmt.Errorf("unknown helper %q", name)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper %s: %v\n", name, err)
+		return 1
+	}
+	return 0
+}
+
+// child is a helper process started by a test.
+type child struct {
+	cmd    *exec.Cmd
+	lines  chan string
+	exited chan struct{}
+	err    error // Wait's result, set before exited closes
+}
+
+func startChild(t *testing.T, helper string, env ...string) *child {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), helperEnv+"="+helper), env...)
+	cmd.Stdout = w
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	c := &child{cmd: cmd, lines: make(chan string, 64), exited: make(chan struct{})}
+	go func() {
+		defer close(c.lines)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+		r.Close()
+	}()
+	// Reaping at once keeps a killed child from lingering as a zombie; the
+	// liveness checks would see through one anyway.
+	go func() {
+		c.err = cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(func() {
+		c.kill()
+		<-c.exited
+	})
+	return c
+}
+
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+func (c *child) kill() { syscall.Kill(c.pid(), syscall.SIGKILL) }
+
+// expect waits for the child's next line starting with prefix and returns
+// the rest of it.
+func (c *child) expect(t *testing.T, prefix string, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case line, ok := <-c.lines:
+			if !ok {
+				<-c.exited
+				t.Fatalf("child exited (%v) before printing %q", c.err, prefix)
+			}
+			if rest, found := strings.CutPrefix(line, prefix); found {
+				return strings.TrimSpace(rest)
+			}
+		case <-deadline:
+			t.Fatalf("child did not print %q within %v", prefix, timeout)
+		}
+	}
+}
+
+func (c *child) wait(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-c.exited:
+		if c.err != nil {
+			t.Fatalf("child failed: %v", c.err)
+		}
+	case <-time.After(timeout):
+		t.Fatalf("child still running after %v", timeout)
+	}
+}
+
+// serveLane is the embedder and accelerator of one lane in the parent: it
+// reads each request, checks it with check, writes one score per example
+// (the request id) and completes it.
+type serveLane struct {
+	s     *Segment
+	rr    *RequestReader
+	cw    *CompletionWriter
+	check func(Request) error
+}
+
+// step serves every request waiting now and reports how many it served.
+func (sv *serveLane) step() (int, error) {
+	n := 0
+	for {
+		req, ok, err := sv.rr.Next()
+		if err != nil {
+			return n, err
+		}
+		if !ok {
+			return n, nil
+		}
+		if err := sv.check(req); err != nil {
+			return n, err
+		}
+		scores, err := sv.cw.Scores(req.Slot, req.Epoch)
+		if err != nil {
+			return n, err
+		}
+		for i := 0; i < req.Examples; i++ {
+			put32(scores, 4*i, uint32(req.RequestID))
+		}
+		if err := sv.cw.Add(Completion{Slot: req.Slot, Epoch: req.Epoch, Examples: req.Examples}); err != nil {
+			return n, err
+		}
+		n++
+		if n%16 == 0 {
+			sv.cw.Flush()
+		}
+	}
+}
+
+func (sv *serveLane) flush() { sv.cw.Flush() }
+
+// helperAttachLane attaches to the segment named in the environment and
+// claims a lane with a running heartbeat.
+func helperAttachLane() (*Segment, *Lane, error) {
+	s, err := Attach(os.Getenv(pathEnv), AttachOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := s.ClaimLane(os.Getpid())
+	if err != nil {
+		return nil, nil, err
+	}
+	go l.Heartbeat(context.Background(), 0)
+	return s, l, nil
+}
+
+// reapCompletions frees every completed slot, checking the scores.
+func reapCompletions(l *Lane, block bool) error {
+	for {
+		var c Completion
+		var ok bool
+		var err error
+		if block {
+			c, err = l.WaitCompletion(context.Background())
+			ok = err == nil
+			block = false
+		} else {
+			c, ok, err = l.Poll()
+		}
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return nil
+		}
+		if c.Status != StatusOK {
+			return fmt.Errorf("slot %d completed with status %d", c.Slot, c.Status)
+		}
+		if err := l.Free(c.Slot); err != nil {
+			return err
+		}
+	}
+}
+
+// helperFrontendSeq commits requests 1..count in order, reusing slots as
+// completions return, and prints "done" when every one has completed.
+func helperFrontendSeq() error {
+	count, _ := strconv.Atoi(os.Getenv(countEnv))
+	_, l, err := helperAttachLane()
+	if err != nil {
+		return err
+	}
+	fmt.Println("claimed", l.Index())
+	for id := 1; id <= count; {
+		slot, payload, err := l.Claim(1, 8)
+		if errors.Is(err, ErrFull) {
+			if err := reapCompletions(l, true); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		put64(payload, 0, uint64(id))
+		if err := l.Commit(slot, RequestMeta{ID: uint64(id)}); err != nil {
+			return err
+		}
+		id++
+	}
+	for l.InFlight() > 0 {
+		if err := reapCompletions(l, true); err != nil {
+			return err
+		}
+	}
+	fmt.Println("done")
+	return nil
+}
+
+// The parent and a frontend process exchange 2M requests through one lane;
+// the embedder side sees every id exactly once and in order, and every
+// completion comes back.
+func TestOrderedDeliveryAcrossProcesses(t *testing.T) {
+	count := 2_000_000
+	if testing.Short() {
+		count = 200_000
+	}
+	g := testGeometry()
+	g.Lanes, g.SlotsPerLane, g.RingCapacity = 1, 256, 256
+	s := newTestSegment(t, g)
+	c := startChild(t, "frontend-seq", pathEnv+"="+s.Path(), countEnv+"="+strconv.Itoa(count))
+	c.expect(t, "claimed", 10*time.Second)
+
+	next := uint64(1)
+	sv := &serveLane{s: s, check: func(req Request) error {
+		if req.RequestID != next || get64(req.Payload, 0) != next {
+			return fmt.Errorf("got request %d (payload %d), want %d", req.RequestID, get64(req.Payload, 0), next)
+		}
+		next++
+		return nil
+	}}
+	sv.rr, _ = s.RequestReader(0)
+	sv.cw, _ = s.CompletionWriter(0)
+	start := time.Now()
+	deadline := start.Add(2 * time.Minute)
+	for next <= uint64(count) {
+		n, err := sv.step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sv.flush()
+		if n == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("stalled at request %d", next)
+			}
+			s.EmbedderBell().Wait(context.Background(), sv.rr.Pending, DefaultLivenessTick)
+		}
+	}
+	c.expect(t, "done", 30*time.Second)
+	c.wait(t, 10*time.Second)
+	t.Logf("%d requests in order in %v", count, time.Since(start))
+}
+
+// helperFrontendTorn commits requests of random size forever; each payload
+// carries its id, length and a CRC of its body, so a reader can tell a
+// torn one. Writing the payload dominates its time, so a SIGKILL usually
+// lands mid-write.
+func helperFrontendTorn() error {
+	_, l, err := helperAttachLane()
+	if err != nil {
+		return err
+	}
+	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 1))
+	fmt.Println("running")
+	for id := uint64(1); ; id++ {
+		n := 16 + rng.IntN(48<<10)
+		var slot int
+		var payload []byte
+		for {
+			slot, payload, err = l.Claim(1+int(id%8), n)
+			if !errors.Is(err, ErrFull) {
+				break
+			}
+			if err := reapCompletions(l, true); err != nil {
+				return err
+			}
+		}
+		if err != nil {
+			return err
+		}
+		body := payload[16:]
+		for i := range body {
+			body[i] = byte(id*131 + uint64(i)*7)
+		}
+		put64(payload, 0, id)
+		put32(payload, 8, uint32(n))
+		put32(payload, 12, crc32.ChecksumIEEE(body))
+		if err := l.Commit(slot, RequestMeta{ID: id}); err != nil {
+			return err
+		}
+		if err := reapCompletions(l, false); err != nil {
+			return err
+		}
+	}
+}
+
+func checkTornPayload(req Request, want uint64) error {
+	p := req.Payload
+	if len(p) < 16 {
+		return fmt.Errorf("request %d: payload of %d bytes", req.RequestID, len(p))
+	}
+	id, n, sum := get64(p, 0), int(get32(p, 8)), get32(p, 12)
+	switch {
+	case req.RequestID != want || id != want:
+		return fmt.Errorf("request %d (payload says %d), want %d", req.RequestID, id, want)
+	case n != len(p):
+		return fmt.Errorf("request %d: payload says %d bytes, header %d", id, n, len(p))
+	case crc32.ChecksumIEEE(p[16:]) != sum:
+		return fmt.Errorf("request %d: torn payload (CRC mismatch)", id)
+	case req.Examples != 1+int(id%8):
+		return fmt.Errorf("request %d: %d examples", id, req.Examples)
+	}
+	return nil
+}
+
+// A frontend killed with SIGKILL at random points while writing leaves no
+// torn request visible, and its lane is reclaimed and reused by the next
+// frontend (the segment has a single lane, so reuse is forced).
+func TestKilledProducerLeavesNoTornMessage(t *testing.T) {
+	g := testGeometry()
+	g.Lanes, g.ArenaBytes = 1, 1<<20
+	s := newTestSegment(t, g)
+	rr, _ := s.RequestReader(0)
+	cw, _ := s.CompletionWriter(0)
+	rng := rand.New(rand.NewPCG(3, 4))
+	total, rounds := 0, 8
+	for round := 0; round < rounds; round++ {
+		c := startChild(t, "frontend-torn", pathEnv+"="+s.Path())
+		c.expect(t, "running", 20*time.Second)
+		var next uint64 = 1
+		sv := &serveLane{s: s, rr: rr, cw: cw, check: func(req Request) error {
+			if err := checkTornPayload(req, next); err != nil {
+				return err
+			}
+			next++
+			return nil
+		}}
+		killAt := time.Now().Add(time.Duration(5+rng.IntN(40)) * time.Millisecond)
+		for time.Now().Before(killAt) || next < 100 {
+			if _, err := sv.step(); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			sv.flush()
+		}
+		c.kill()
+		<-c.exited
+		// Everything the dead producer published is whole.
+		for {
+			n, err := sv.step()
+			if err != nil {
+				t.Fatalf("round %d after the kill: %v", round, err)
+			}
+			if n == 0 {
+				break
+			}
+		}
+		sv.flush()
+		total += int(next - 1)
+		waitFor(t, 5*time.Second, "lane of the killed frontend reclaimed", func() bool {
+			st, err := s.ReclaimLanes(0)
+			return err == nil && st.Freed == 1
+		})
+		if info := s.Lanes()[0]; info.Owner != 0 || info.State != "free" || info.Queued != 0 {
+			t.Fatalf("round %d: lane after reclaim %+v", round, info)
+		}
+	}
+	t.Logf("verified %d requests across %d killed producers", total, rounds)
+}
+
+// helperOwner creates a segment as its owner (the embedder), serves
+// requests with ids below 1000 and leaves the others pending forever.
+func helperOwner() error {
+	g := testGeometry()
+	g.Lanes = 1
+	s, err := Create(Options{Name: os.Getenv(pathEnv), Dir: testDirFor(), Geometry: g})
+	if err != nil {
+		return err
+	}
+	go s.Heartbeat(context.Background(), 0)
+	rr, _ := s.RequestReader(0)
+	cw, _ := s.CompletionWriter(0)
+	fmt.Println("ready", s.Path())
+	for {
+		s.EmbedderBell().Wait(context.Background(), rr.Pending, time.Second)
+		req, ok, err := rr.Next()
+		if err != nil {
+			return err
+		}
+		if ok && req.RequestID < 1000 {
+			if err := cw.Complete(Completion{Slot: req.Slot, Epoch: req.Epoch, Examples: req.Examples}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func testDirFor() string {
+	if st, err := os.Stat(DefaultDir); err == nil && st.IsDir() {
+		return DefaultDir
+	}
+	return os.TempDir()
+}
+
+// When the embedder (segment owner, consumer of the request ring) is killed,
+// a frontend waiting for a completion learns it within 100 ms.
+func TestKilledConsumerNoticedWithin100ms(t *testing.T) {
+	name := testName(t)
+	c := startChild(t, "owner", pathEnv+"="+name)
+	path := c.expect(t, "ready", 20*time.Second)
+	t.Cleanup(func() { os.Remove(path) })
+	s, err := Attach(path, AttachOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l, err := s.ClaimLane(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot, _, _ := l.Claim(1, 8)
+	if err := l.Commit(slot, RequestMeta{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.WaitCompletion(context.Background()); err != nil {
+		t.Fatalf("round trip with the live owner: %v", err)
+	}
+	if err := l.Commit(slot, RequestMeta{ID: 5000}); err != nil { // never answered
+		t.Fatal(err)
+	}
+	result := make(chan error, 1)
+	go func() {
+		_, err := l.WaitCompletion(context.Background())
+		result <- err
+	}()
+	// Let the waiter reach its futex sleep, then kill.
+	waitFor(t, 5*time.Second, "frontend asleep", func() bool { return l.Bell().Stats().Sleeps > 0 })
+	killed := time.Now()
+	c.kill()
+	select {
+	case err := <-result:
+		took := time.Since(killed)
+		if !errors.Is(err, ErrOwnerDead) {
+			t.Fatalf("WaitCompletion = %v, want ErrOwnerDead", err)
+		}
+		if took > 100*time.Millisecond {
+			t.Fatalf("noticed the dead consumer after %v, budget 100ms", took)
+		}
+		t.Logf("dead consumer noticed after %v", took)
+	case <-time.After(5 * time.Second):
+		t.Fatal("in-flight request hangs after the consumer died")
+	}
+}
+
+// helperAccelerator attaches as the accelerator and beats until killed.
+func helperAccelerator() error {
+	s, err := Attach(os.Getenv(pathEnv), AttachOptions{})
+	if err != nil {
+		return err
+	}
+	if err := s.SetAccelerator(os.Getpid()); err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	return s.AcceleratorHeartbeat(context.Background(), 0)
+}
+
+// When the accelerator (producer of completions) is killed, a frontend
+// waiting for a completion learns it within 100 ms.
+func TestKilledAcceleratorNoticedWithin100ms(t *testing.T) {
+	s := newTestSegment(t, testGeometry())
+	c := startChild(t, "accelerator", pathEnv+"="+s.Path())
+	c.expect(t, "ready", 20*time.Second)
+	fe := attachTest(t, s)
+	l, err := fe.ClaimLane(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot, _, _ := l.Claim(1, 8)
+	if err := l.Commit(slot, RequestMeta{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	result := make(chan error, 1)
+	go func() {
+		_, err := l.WaitCompletion(context.Background())
+		result <- err
+	}()
+	waitFor(t, 5*time.Second, "frontend asleep", func() bool { return l.Bell().Stats().Sleeps > 0 })
+	killed := time.Now()
+	c.kill()
+	select {
+	case err := <-result:
+		took := time.Since(killed)
+		if !errors.Is(err, ErrAcceleratorDead) {
+			t.Fatalf("WaitCompletion = %v, want ErrAcceleratorDead", err)
+		}
+		if took > 100*time.Millisecond {
+			t.Fatalf("noticed the dead accelerator after %v, budget 100ms", took)
+		}
+		t.Logf("dead accelerator noticed after %v", took)
+	case <-time.After(5 * time.Second):
+		t.Fatal("in-flight request hangs after the accelerator died")
+	}
+}
+
+// helperWaiter sleeps on the embedder doorbell (no spinning) until a
+// request is pending.
+func helperWaiter() error {
+	s, err := Attach(os.Getenv(pathEnv), AttachOptions{})
+	if err != nil {
+		return err
+	}
+	d := s.EmbedderBell()
+	d.SetSpin(0)
+	fmt.Println("waiting")
+	ok, err := d.Wait(context.Background(), s.RequestsPending, 30*time.Second)
+	fmt.Println("woke", ok, err, d.Stats().Sleeps)
+	return nil
+}
+
+// The doorbell is a shared futex: a producer in one process wakes a
+// consumer asleep in another, with exactly one wake syscall, and only
+// because a waiter was registered.
+func TestDoorbellAcrossProcesses(t *testing.T) {
+	s := newTestSegment(t, testGeometry())
+	l, err := s.ClaimLane(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot, _, _ := l.Claim(1, 8)
+	c := startChild(t, "waiter", pathEnv+"="+s.Path())
+	c.expect(t, "waiting", 20*time.Second)
+	d := s.EmbedderBell()
+	waitFor(t, 10*time.Second, "child asleep on the futex", func() bool {
+		return atomic.LoadUint32(d.waiters) == 1
+	})
+	if err := l.Commit(slot, RequestMeta{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	got := c.expect(t, "woke", 10*time.Second)
+	if !strings.HasPrefix(got, "true <nil>") || strings.HasSuffix(got, " 0") {
+		t.Fatalf("child woke with %q", got)
+	}
+	if w := d.Stats().Wakes; w != 1 {
+		t.Fatalf("%d wake syscalls, want 1", w)
+	}
+	c.wait(t, 10*time.Second)
+}
+
+// The torn-message check must be able to fail: a flipped byte or a short
+// write is caught.
+func TestTornPayloadCheckDetectsTearing(t *testing.T) {
+	p := make([]byte, 100)
+	for i := range p[16:] {
+		p[16+i] = byte(5*131 + uint64(i)*7)
+	}
+	put64(p, 0, 5)
+	put32(p, 8, 100)
+	put32(p, 12, crc32.ChecksumIEEE(p[16:]))
+	req := Request{SlotHeader: SlotHeader{RequestID: 5, Examples: 1 + 5%8}, Payload: p}
+	if err := checkTornPayload(req, 5); err != nil {
+		t.Fatal(err)
+	}
+	p[60] ^= 1
+	if err := checkTornPayload(req, 5); err == nil {
+		t.Fatal("flipped byte not detected")
+	}
+	p[60] ^= 1
+	req.Payload = p[:99]
+	if err := checkTornPayload(req, 5); err == nil {
+		t.Fatal("short payload not detected")
+	}
+}

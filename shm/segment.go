@@ -1,0 +1,664 @@
+package shm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Segment is one process's mapping of a segment file. The creator (Create)
+// is the owner: the embedder of that generation. Everyone else attaches
+// (Attach). Methods that only read or beat are safe for concurrent use;
+// Close must come after every handle made from the segment is done, because
+// it unmaps the memory they point into.
+type Segment struct {
+	path    string
+	file    *os.File
+	mem     []byte
+	geo     Geometry
+	lay     layout
+	gen     uint64
+	modelID string
+	owner   bool   // this process created the segment
+	pid     uint32 // this process
+	pidNS   uint64 // this process's pid namespace, 0 if unknown
+	stale   time.Duration
+	dev     uint64 // identity of the file, so Remove never unlinks a successor
+	ino     uint64
+	isAccel atomic.Bool // SetAccelerator succeeded in this process
+
+	state       *uint32
+	ownerHB     *uint64
+	accelPid    *uint32
+	accelState  *uint32
+	accelPidNS  *uint64
+	accelHB     *uint64
+	completed   *uint64
+	accelIdle   *uint32
+	batchTail   *uint64
+	embedder    *Doorbell
+	batchBell   *Doorbell
+	stagingBell *Doorbell
+	lanes       []laneCtl // views of every lane, built once
+	staging     []Staging // views of every staging buffer, built once
+}
+
+// Create makes a new segment file at opts.Dir/opts.Name for the calling
+// process, which becomes its owner. The file is built under a temporary name
+// and renamed into place only when complete, so an attacher never sees a
+// half-initialised segment. An existing segment at the path is replaced: its
+// mappings stay valid for the processes that hold them (the old generation
+// drains), and it is marked draining so its frontends move on.
+func Create(opts Options) (*Segment, error) {
+	o := opts.withDefaults()
+	if o.Name == "" || strings.ContainsRune(o.Name, '/') || o.Name == "." || o.Name == ".." {
+		return nil, fmt.Errorf("shm: create: bad segment name %q", o.Name)
+	}
+	path := filepath.Join(o.Dir, o.Name)
+	s, err := create(path, o)
+	if err != nil {
+		return nil, fmt.Errorf("shm: create %s: %w", path, err)
+	}
+	return s, nil
+}
+
+func create(path string, o Options) (*Segment, error) {
+	if len(o.ModelID) > ModelIDBytes {
+		return nil, fmt.Errorf("model id longer than %d bytes", ModelIDBytes)
+	}
+	lay, err := computeLayout(o.Geometry)
+	if err != nil {
+		return nil, err
+	}
+	blk, err := fsBlock(o.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("statfs: %w", err)
+	}
+	size := roundUp(lay.total, blk)
+
+	prev := existingGeneration(path)
+	gen := o.Generation
+	switch {
+	case gen == 0:
+		gen = prev + 1
+	case gen <= prev:
+		return nil, fmt.Errorf("%w: generation %d is not newer than %d already at the path", ErrGeneration, gen, prev)
+	}
+
+	f, err := os.CreateTemp(o.Dir, "."+o.Name+".*.tmp")
+	if err != nil {
+		return nil, err
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := f.Chmod(o.Mode); err != nil {
+		return nil, err
+	}
+	if err := f.Truncate(int64(size)); err != nil {
+		return nil, err
+	}
+	if o.Reserve {
+		if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
+			return nil, fmt.Errorf("reserve %d bytes: %w", size, err)
+		}
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
+	}
+	writeHeader(mem, o, lay, gen, size)
+	s := newSegment(path, f, mem, o.Geometry, lay, gen, o.ModelID, DefaultStaleAfter)
+	s.owner = true
+	put32(mem, hdrOwnerPid, s.pid)
+	put64(mem, hdrOwnerPidNS, s.pidNS)
+	s.Beat()
+	atomic.StoreUint32(s.state, uint32(StateReady))
+
+	if err := s.identify(); err != nil {
+		unix.Munmap(mem)
+		return nil, err
+	}
+	markDraining(path)
+	if err := os.Rename(tmp, path); err != nil {
+		unix.Munmap(mem)
+		return nil, err
+	}
+	ok = true
+	return s, nil
+}
+
+// writeHeader fills a zeroed header page. The state word stays
+// StateCreating; the caller publishes StateReady when the owner fields are set.
+func writeHeader(mem []byte, o Options, lay layout, gen uint64, size int) {
+	g := o.Geometry
+	put64(mem, hdrMagic, segmentMagic)
+	put32(mem, hdrVersion, LayoutVersion)
+	put32(mem, hdrState, uint32(StateCreating))
+	put64(mem, hdrGeneration, gen)
+	put64(mem, hdrFileSize, uint64(size))
+	put64(mem, hdrCreated, uint64(time.Now().UnixNano()))
+
+	put32(mem, hdrLanes, uint32(g.Lanes))
+	put32(mem, hdrRingCapacity, uint32(g.RingCapacity))
+	put32(mem, hdrSlotsPerLane, uint32(g.SlotsPerLane))
+	put32(mem, hdrStagingCount, uint32(g.StagingCount))
+	put64(mem, hdrArenaBytes, uint64(g.ArenaBytes))
+	put64(mem, hdrStagingBytes, uint64(g.StagingBytes))
+	put32(mem, hdrMaxBatchEntries, uint32(g.MaxBatchEntries))
+	put32(mem, hdrBatchRingCap, uint32(lay.batchRingCap))
+	put32(mem, hdrMaxExamples, uint32(g.MaxExamples))
+	put32(mem, hdrExampleBytes, uint32(g.ExampleBytes))
+
+	put64(mem, hdrLanesOff, uint64(lay.lanes))
+	put64(mem, hdrLaneStride, uint64(lay.laneStride))
+	put64(mem, hdrArenasOff, uint64(lay.arenas))
+	put64(mem, hdrBatchRingOff, uint64(lay.batchRing))
+	put64(mem, hdrStagingMetaOff, uint64(lay.stagingMeta))
+	put64(mem, hdrStagingMetaStride, uint64(lay.metaStride))
+	put64(mem, hdrStagingDataOff, uint64(lay.stagingData))
+	put64(mem, hdrTotal, uint64(lay.total))
+
+	copy(mem[hdrModelID:hdrModelID+ModelIDBytes], o.ModelID)
+}
+
+// existingGeneration reads the generation of the segment at path, or 0 when
+// there is none or it is not a segment this code can read.
+func existingGeneration(path string) uint64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var h [hdrGeneration + 8]byte
+	if _, err := f.ReadAt(h[:], 0); err != nil {
+		return 0
+	}
+	if get64(h[:], hdrMagic) != segmentMagic || get32(h[:], hdrVersion) != LayoutVersion {
+		return 0
+	}
+	return get64(h[:], hdrGeneration)
+}
+
+// markDraining flips the segment about to be replaced at path from ready to
+// draining, telling its frontends to finish in-flight work and attach to the
+// successor. Failure is harmless: they also notice when they re-attach.
+func markDraining(path string) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	mem, err := unix.Mmap(int(f.Fd()), 0, HeaderBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return
+	}
+	defer unix.Munmap(mem)
+	if get64(mem, hdrMagic) == segmentMagic && get32(mem, hdrVersion) == LayoutVersion {
+		atomic.CompareAndSwapUint32(word32(mem, hdrState), uint32(StateReady), uint32(StateDraining))
+	}
+}
+
+// Attach maps the segment at path for a frontend or the accelerator. It
+// checks the magic, the layout version, the geometry against the file, the
+// generation and model id asked for, the state word, and that the owner is
+// alive; any failure is a clear error wrapping one of the sentinels.
+func Attach(path string, want AttachOptions) (*Segment, error) {
+	s, err := attach(path, want)
+	if err != nil {
+		return nil, fmt.Errorf("shm: attach %s: %w", path, err)
+	}
+	return s, nil
+}
+
+func attach(path string, want AttachOptions) (*Segment, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	size := fi.Size()
+	if size < HeaderBytes || size > 1<<46 {
+		f.Close()
+		return nil, fmt.Errorf("%w: file size %d", ErrGeometry, size)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
+	}
+	s, err := attachMem(path, f, mem, want)
+	if err == nil {
+		err = s.identify()
+	}
+	if err == nil {
+		err = s.OwnerAlive(0)
+	}
+	if err != nil {
+		unix.Munmap(mem)
+		f.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// attachMem validates a mapped segment image and builds a Segment over it.
+// It reads nothing beyond the header until the header has proven that the
+// layout fits inside mem. The fuzz tests call it on hostile images.
+func attachMem(path string, f *os.File, mem []byte, want AttachOptions) (*Segment, error) {
+	g, lay, err := parseHeader(mem)
+	if err != nil {
+		return nil, err
+	}
+	gen := get64(mem, hdrGeneration)
+	if want.Generation != 0 && gen != want.Generation {
+		return nil, fmt.Errorf("%w: segment has generation %d, want %d", ErrGeneration, gen, want.Generation)
+	}
+	id := mem[hdrModelID : hdrModelID+ModelIDBytes]
+	if i := bytes.IndexByte(id, 0); i >= 0 {
+		id = id[:i]
+	}
+	if want.ModelID != "" && string(id) != want.ModelID {
+		return nil, fmt.Errorf("%w: segment serves %q, want %q", ErrModel, id, want.ModelID)
+	}
+	stale := want.StaleAfter
+	if stale <= 0 {
+		stale = DefaultStaleAfter
+	}
+	s := newSegment(path, f, mem, g, lay, gen, string(id), stale)
+	switch st := s.State(); st {
+	case StateReady:
+	case StateDraining:
+		return nil, ErrDraining
+	case StateClosed:
+		return nil, ErrClosed
+	case StateCreating:
+		return nil, ErrNotReady
+	default:
+		return nil, fmt.Errorf("%w: state word %v", ErrCorrupt, st)
+	}
+	return s, nil
+}
+
+// parseHeader checks the header of mem and returns the geometry and layout
+// it describes. The layout is recomputed from the geometry and every stored
+// offset must match it, so the header can only describe a layout this code
+// would have built, and that layout must fit in mem.
+func parseHeader(mem []byte) (Geometry, layout, error) {
+	if len(mem) < HeaderBytes {
+		return Geometry{}, layout{}, fmt.Errorf("%w: %d bytes, smaller than the header", ErrGeometry, len(mem))
+	}
+	if !aligned(mem, PageSize) {
+		return Geometry{}, layout{}, fmt.Errorf("%w: mapping not page aligned", ErrGeometry)
+	}
+	if m := get64(mem, hdrMagic); m != segmentMagic {
+		return Geometry{}, layout{}, fmt.Errorf("%w: %#x", ErrBadMagic, m)
+	}
+	if v := get32(mem, hdrVersion); v != LayoutVersion {
+		return Geometry{}, layout{}, fmt.Errorf("%w: segment has layout version %d, this build reads %d", ErrVersion, v, LayoutVersion)
+	}
+	// u64 fields go through int: values above MaxInt64 turn negative and
+	// fail the range checks like any other out-of-range value.
+	g := Geometry{
+		Lanes:           int(get32(mem, hdrLanes)),
+		RingCapacity:    int(get32(mem, hdrRingCapacity)),
+		SlotsPerLane:    int(get32(mem, hdrSlotsPerLane)),
+		ArenaBytes:      int(get64(mem, hdrArenaBytes)),
+		StagingCount:    int(get32(mem, hdrStagingCount)),
+		StagingBytes:    int(get64(mem, hdrStagingBytes)),
+		MaxBatchEntries: int(get32(mem, hdrMaxBatchEntries)),
+		MaxExamples:     int(get32(mem, hdrMaxExamples)),
+		ExampleBytes:    int(get32(mem, hdrExampleBytes)),
+	}
+	lay, err := computeLayout(g)
+	if err != nil {
+		return Geometry{}, layout{}, err
+	}
+	for _, c := range []struct {
+		name      string
+		got, want uint64
+	}{
+		{"batch ring capacity", uint64(get32(mem, hdrBatchRingCap)), uint64(lay.batchRingCap)},
+		{"lanes offset", get64(mem, hdrLanesOff), uint64(lay.lanes)},
+		{"lane stride", get64(mem, hdrLaneStride), uint64(lay.laneStride)},
+		{"arenas offset", get64(mem, hdrArenasOff), uint64(lay.arenas)},
+		{"batch ring offset", get64(mem, hdrBatchRingOff), uint64(lay.batchRing)},
+		{"staging meta offset", get64(mem, hdrStagingMetaOff), uint64(lay.stagingMeta)},
+		{"staging meta stride", get64(mem, hdrStagingMetaStride), uint64(lay.metaStride)},
+		{"staging data offset", get64(mem, hdrStagingDataOff), uint64(lay.stagingData)},
+		{"total", get64(mem, hdrTotal), uint64(lay.total)},
+		{"file size", get64(mem, hdrFileSize), uint64(len(mem))},
+	} {
+		if c.got != c.want {
+			return Geometry{}, layout{}, fmt.Errorf("%w: %s is %d, geometry implies %d", ErrGeometry, c.name, c.got, c.want)
+		}
+	}
+	if lay.total > len(mem) {
+		return Geometry{}, layout{}, fmt.Errorf("%w: layout needs %d bytes, file has %d", ErrGeometry, lay.total, len(mem))
+	}
+	return g, lay, nil
+}
+
+func newSegment(path string, f *os.File, mem []byte, g Geometry, lay layout, gen uint64, modelID string, stale time.Duration) *Segment {
+	s := &Segment{
+		path:        path,
+		file:        f,
+		mem:         mem,
+		geo:         g,
+		lay:         lay,
+		gen:         gen,
+		modelID:     modelID,
+		pid:         uint32(os.Getpid()),
+		pidNS:       pidNamespace(),
+		stale:       stale,
+		state:       word32(mem, hdrState),
+		ownerHB:     word64(mem, hdrOwnerHeartbeat),
+		accelPid:    word32(mem, hdrAccelPid),
+		accelState:  word32(mem, hdrAccelState),
+		accelPidNS:  word64(mem, hdrAccelPidNS),
+		accelHB:     word64(mem, hdrAccelHeartbeat),
+		completed:   word64(mem, hdrCompletedSeq),
+		accelIdle:   word32(mem, hdrAccelIdle),
+		batchTail:   word64(mem, lay.batchRing+ringTail),
+		embedder:    newDoorbell(mem, hdrEmbedderBell),
+		batchBell:   newDoorbell(mem, hdrBatchBell),
+		stagingBell: newDoorbell(mem, hdrStagingBell),
+	}
+	s.lanes = make([]laneCtl, g.Lanes)
+	for i := range s.lanes {
+		s.lanes[i] = s.newLaneCtl(i)
+	}
+	s.staging = s.newStagings()
+	return s
+}
+
+// identify records the file's device and inode for Remove.
+func (s *Segment) identify() error {
+	if s.file == nil {
+		return nil
+	}
+	fi, err := s.file.Stat()
+	if err != nil {
+		return err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		s.dev, s.ino = uint64(st.Dev), st.Ino
+	}
+	return nil
+}
+
+// Path is the segment file's path.
+func (s *Segment) Path() string { return s.path }
+
+// Generation is the segment's generation.
+func (s *Segment) Generation() uint64 { return s.gen }
+
+// ModelID is the model id the owner wrote.
+func (s *Segment) ModelID() string { return s.modelID }
+
+// Geometry is the segment's validated shape.
+func (s *Segment) Geometry() Geometry { return s.geo }
+
+// IsOwner reports whether this process created the segment.
+func (s *Segment) IsOwner() bool { return s.owner }
+
+// State reads the segment state word.
+func (s *Segment) State() State { return State(atomic.LoadUint32(s.state)) }
+
+// Drain marks the segment draining: frontends stop submitting and move to
+// the next generation while in-flight work completes. Owner only.
+func (s *Segment) Drain() error {
+	if !s.owner {
+		return fmt.Errorf("shm: drain %s: %w", s.path, ErrNotOwner)
+	}
+	atomic.CompareAndSwapUint32(s.state, uint32(StateReady), uint32(StateDraining))
+	return nil
+}
+
+// Beat stamps the owner heartbeat. The owner calls it at least every
+// DefaultHeartbeatInterval (see Heartbeat).
+func (s *Segment) Beat() { atomic.StoreUint64(s.ownerHB, uint64(monoNow())) }
+
+// Heartbeat beats as owner every interval (0: DefaultHeartbeatInterval)
+// until ctx is done, and returns ctx's error. The caller owns the goroutine
+// that runs it.
+func (s *Segment) Heartbeat(ctx context.Context, interval time.Duration) error {
+	return beatLoop(ctx, interval, s.Beat)
+}
+
+func beatLoop(ctx context.Context, interval time.Duration, beat func()) error {
+	if interval <= 0 {
+		interval = DefaultHeartbeatInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		beat()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// OwnerAlive returns nil while the owner is serving: the state word is not
+// closed and the owner passes the liveness rule (see peerAlive: pid check
+// when the pid namespace is shared, else a heartbeat younger than
+// staleAfter, 0 meaning the value given to Attach). Otherwise it returns an
+// error wrapping ErrClosed or ErrOwnerDead.
+func (s *Segment) OwnerAlive(staleAfter time.Duration) error {
+	if s.State() == StateClosed {
+		return fmt.Errorf("shm: %s: %w", s.path, ErrClosed)
+	}
+	pid := get32(s.mem, hdrOwnerPid)
+	if s.owner && pid == s.pid {
+		return nil // we are the owner and we are running
+	}
+	if err := s.peerAlive(pid, get64(s.mem, hdrOwnerPidNS), atomic.LoadUint64(s.ownerHB), staleAfter); err != nil {
+		return fmt.Errorf("shm: %s: %w: owner pid %d %v", s.path, ErrOwnerDead, pid, err)
+	}
+	return nil
+}
+
+// peerAlive applies the liveness rule to one peer. When the peer shares
+// this process's pid namespace, a pid that has exited is dead at once and a
+// live pid is dead only after DefaultHungAfter without a beat; otherwise
+// the heartbeat alone decides, with staleAfter (0: the segment's value).
+// The returned error only says why; callers wrap it.
+func (s *Segment) peerAlive(pid uint32, pidNS, heartbeat uint64, staleAfter time.Duration) error {
+	if staleAfter <= 0 {
+		staleAfter = s.stale
+	}
+	if pidNS != 0 && pidNS == s.pidNS {
+		if !pidAlive(pid) {
+			return errors.New("has exited")
+		}
+		// The pid check is authoritative for death. A live process whose
+		// beats stopped is stopped, deadlocked or starved; CPU throttling
+		// alone can delay beats past staleAfter, so it gets longer.
+		staleAfter = max(staleAfter, DefaultHungAfter)
+	}
+	// A heartbeat from the future is as suspect as an old one: it is either
+	// corrupt or written under another clock.
+	age := time.Duration(monoNow() - int64(heartbeat))
+	if age > staleAfter || age < -staleAfter {
+		return fmt.Errorf("heartbeat is %v old (limit %v)", age, staleAfter)
+	}
+	return nil
+}
+
+// SetAccelerator records pid as the segment's accelerator. It fails with
+// ErrAcceleratorPresent while another live accelerator holds the segment;
+// a dead or detached one is replaced.
+func (s *Segment) SetAccelerator(pid int) error {
+	cur := atomic.LoadUint32(s.accelPid)
+	if cur != 0 && cur != uint32(pid) && atomic.LoadUint32(s.accelState) == accelRunning &&
+		s.peerAlive(cur, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), 0) == nil {
+		return fmt.Errorf("shm: %s: %w: pid %d", s.path, ErrAcceleratorPresent, cur)
+	}
+	if !atomic.CompareAndSwapUint32(s.accelPid, cur, uint32(pid)) {
+		return fmt.Errorf("shm: %s: %w: lost the race to attach", s.path, ErrAcceleratorPresent)
+	}
+	// The accelerator is the batch doorbell's only waiter; a predecessor
+	// killed in its sleep left its registration behind.
+	s.batchBell.reset()
+	// Namespace and heartbeat before the state, so a frontend that sees
+	// "running" judges a fresh heartbeat.
+	atomic.StoreUint64(s.accelPidNS, s.pidNS)
+	s.AcceleratorBeat()
+	atomic.StoreUint32(s.accelState, accelRunning)
+	s.isAccel.Store(true)
+	return nil
+}
+
+// DetachAccelerator marks the accelerator gone after a clean shutdown, so
+// frontends fail in-flight work at once instead of waiting for staleness.
+// Close does it for a process that called SetAccelerator.
+func (s *Segment) DetachAccelerator() {
+	if s.isAccel.CompareAndSwap(true, false) {
+		atomic.StoreUint32(s.accelState, accelGone)
+	}
+}
+
+// AcceleratorBeat stamps the accelerator heartbeat.
+func (s *Segment) AcceleratorBeat() { atomic.StoreUint64(s.accelHB, uint64(monoNow())) }
+
+// AcceleratorHeartbeat beats as accelerator every interval until ctx is
+// done, and returns ctx's error.
+func (s *Segment) AcceleratorHeartbeat(ctx context.Context, interval time.Duration) error {
+	return beatLoop(ctx, interval, s.AcceleratorBeat)
+}
+
+// AcceleratorAlive returns nil while an accelerator is running and alive,
+// an error wrapping ErrNoAccelerator before one has attached, and an error
+// wrapping ErrAcceleratorDead when it detached, exited or stopped beating.
+func (s *Segment) AcceleratorAlive(staleAfter time.Duration) error {
+	switch st := atomic.LoadUint32(s.accelState); st {
+	case accelNone:
+		return fmt.Errorf("shm: %s: %w", s.path, ErrNoAccelerator)
+	case accelGone:
+		return fmt.Errorf("shm: %s: %w: detached", s.path, ErrAcceleratorDead)
+	case accelRunning:
+	default:
+		return fmt.Errorf("shm: %s: %w: accelerator state %d", s.path, ErrCorrupt, st)
+	}
+	pid := atomic.LoadUint32(s.accelPid)
+	if err := s.peerAlive(pid, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), staleAfter); err != nil {
+		return fmt.Errorf("shm: %s: %w: pid %d %v", s.path, ErrAcceleratorDead, pid, err)
+	}
+	return nil
+}
+
+// PeersAlive is the check a frontend runs while it waits: the owner must be
+// alive, and so must the accelerator once one has attached.
+func (s *Segment) PeersAlive() error {
+	if err := s.OwnerAlive(0); err != nil {
+		return err
+	}
+	if err := s.AcceleratorAlive(0); err != nil && !errors.Is(err, ErrNoAccelerator) {
+		return err
+	}
+	return nil
+}
+
+// SetAcceleratorIdle publishes whether the accelerator is waiting for work,
+// so the embedder can seal a batch early instead of waiting out its window.
+func (s *Segment) SetAcceleratorIdle(idle bool) {
+	var v uint32
+	if idle {
+		v = 1
+	}
+	if atomic.LoadUint32(s.accelIdle) != v {
+		atomic.StoreUint32(s.accelIdle, v)
+	}
+}
+
+// AcceleratorIdle reports the accelerator's idle word.
+func (s *Segment) AcceleratorIdle() bool { return atomic.LoadUint32(s.accelIdle) != 0 }
+
+// CompletedSeq is the seq of the last batch the accelerator finished.
+func (s *Segment) CompletedSeq() uint64 { return atomic.LoadUint64(s.completed) }
+
+// PublishedSeq is the seq of the last batch the embedder published.
+func (s *Segment) PublishedSeq() uint64 { return atomic.LoadUint64(s.batchTail) }
+
+// EmbedderBell is the doorbell frontends ring after publishing a request.
+func (s *Segment) EmbedderBell() *Doorbell { return s.embedder }
+
+// BatchBell is the doorbell the embedder rings after publishing a batch.
+func (s *Segment) BatchBell() *Doorbell { return s.batchBell }
+
+// StagingBell is the doorbell the accelerator rings when it frees a
+// staging buffer.
+func (s *Segment) StagingBell() *Doorbell { return s.stagingBell }
+
+// Close unmaps the segment. The owner first marks it closed, so attached
+// processes fail at once rather than waiting for the heartbeat to go stale;
+// an accelerator marks itself detached. Close does not remove the file (see
+// Remove). Every handle made from s, and every slice it returned, is invalid
+// afterwards: stop Heartbeat loops and the goroutines using handles first,
+// because touching unmapped memory is a fatal fault, not an error.
+func (s *Segment) Close() error {
+	if s.mem == nil {
+		return fmt.Errorf("shm: close %s: already closed", s.path)
+	}
+	if s.owner {
+		for {
+			st := atomic.LoadUint32(s.state)
+			if st == uint32(StateClosed) || atomic.CompareAndSwapUint32(s.state, st, uint32(StateClosed)) {
+				break
+			}
+		}
+	}
+	s.DetachAccelerator()
+	err := unix.Munmap(s.mem)
+	s.mem = nil
+	if s.file != nil {
+		if cerr := s.file.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("shm: close %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// Remove unlinks the segment file if the path still names this segment; a
+// successor generation renamed over it is left alone. Mappings stay valid
+// until each process closes its own.
+func (s *Segment) Remove() error {
+	var st unix.Stat_t
+	if err := unix.Stat(s.path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("shm: remove %s: %w", s.path, err)
+	}
+	if uint64(st.Dev) != s.dev || st.Ino != s.ino {
+		return nil
+	}
+	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("shm: remove %s: %w", s.path, err)
+	}
+	return nil
+}

@@ -1,0 +1,85 @@
+package shm
+
+import "sync/atomic"
+
+// TraceContext is the binary W3C trace context (traceparent without the
+// version byte) carried in slot headers and batch descriptors, so the
+// embedder and accelerator can link their spans to each request.
+type TraceContext struct {
+	TraceID [16]byte
+	SpanID  [8]byte
+	Flags   byte
+}
+
+// SlotHeader is what a frontend writes into a slot before submitting it.
+type SlotHeader struct {
+	RequestID     uint64
+	Deadline      int64 // unix ns; 0 means none
+	Examples      int   // 1..MaxExamples
+	PayloadOffset int   // bytes into the lane arena
+	PayloadLength int
+	ScoresOffset  int // bytes into the lane arena, 4-byte aligned; Examples float32 scores
+	Trace         TraceContext
+}
+
+// Completion statuses. 0 is success; a producer may use any other code,
+// these are the ones the recmesh services agree on.
+const (
+	StatusOK          uint32 = 0
+	StatusCanceled    uint32 = 1 // the frontend set the cancel flag
+	StatusExpired     uint32 = 2 // the deadline passed before lookup or execute
+	StatusInvalid     uint32 = 3 // the request failed validation
+	StatusUnavailable uint32 = 4 // the serving side could not run it
+	StatusInternal    uint32 = 5 // anything else
+)
+
+// checkSlotHeader validates a header against the geometry: the checks both
+// the writer (to catch its own bugs) and every reader (to survive a hostile
+// writer) apply.
+func checkSlotHeader(h *SlotHeader, g Geometry) error {
+	if h.Examples < 1 || h.Examples > g.MaxExamples {
+		return errorf(ErrCorrupt, "example count %d outside [1, %d]", h.Examples, g.MaxExamples)
+	}
+	if !inArena(h.PayloadOffset, h.PayloadLength, g.ArenaBytes) {
+		return errorf(ErrCorrupt, "payload [%d, +%d) outside the %d-byte arena", h.PayloadOffset, h.PayloadLength, g.ArenaBytes)
+	}
+	if h.ScoresOffset%4 != 0 || !inArena(h.ScoresOffset, 4*h.Examples, g.ArenaBytes) {
+		return errorf(ErrCorrupt, "scores [%d, +%d) misaligned or outside the %d-byte arena", h.ScoresOffset, 4*h.Examples, g.ArenaBytes)
+	}
+	return nil
+}
+
+// inArena reports whether [off, off+n) lies within an arena of size bytes.
+// Both values come from u32 fields, so the sum cannot overflow an int.
+func inArena(off, n, size int) bool { return off >= 0 && n >= 0 && off <= size && n <= size-off }
+
+// writeSlotHeader stores h into slot (SlotBytes) and clears cancel and status.
+func writeSlotHeader(slot []byte, h *SlotHeader) {
+	put64(slot, slotRequestID, h.RequestID)
+	put64(slot, slotDeadline, uint64(h.Deadline))
+	put32(slot, slotExamples, uint32(h.Examples))
+	put32(slot, slotPayloadOff, uint32(h.PayloadOffset))
+	put32(slot, slotPayloadLen, uint32(h.PayloadLength))
+	put32(slot, slotScoresOff, uint32(h.ScoresOffset))
+	copy(slot[slotTraceID:slotTraceID+16], h.Trace.TraceID[:])
+	copy(slot[slotSpanID:slotSpanID+8], h.Trace.SpanID[:])
+	slot[slotTraceFlags] = h.Trace.Flags
+	// Cancel and status are adjacent u32s on an 8-byte boundary: one
+	// atomic store clears both.
+	atomic.StoreUint64(word64(slot, slotCancel), 0)
+}
+
+// readSlotHeader loads a slot header without validating it.
+func readSlotHeader(slot []byte) SlotHeader {
+	var h SlotHeader
+	h.RequestID = get64(slot, slotRequestID)
+	h.Deadline = int64(get64(slot, slotDeadline))
+	h.Examples = int(get32(slot, slotExamples))
+	h.PayloadOffset = int(get32(slot, slotPayloadOff))
+	h.PayloadLength = int(get32(slot, slotPayloadLen))
+	h.ScoresOffset = int(get32(slot, slotScoresOff))
+	copy(h.Trace.TraceID[:], slot[slotTraceID:slotTraceID+16])
+	copy(h.Trace.SpanID[:], slot[slotSpanID:slotSpanID+8])
+	h.Trace.Flags = slot[slotTraceFlags]
+	return h
+}
