@@ -3,7 +3,7 @@ module github.com/recmesh/recmesh/embedder
 go 1.26.0
 
 require (
-	github.com/recmesh/recmesh/model v0.0.0-00010101000000-000000000000
+	github.com/recmesh/recmesh/model v0.0.0
 	github.com/recmesh/recmesh/shm v0.0.0-00010101000000-000000000000
 	golang.org/x/sys v0.50.0
 )
@@ -16,7 +16,10 @@ require (
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
+	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
@@ -29,16 +32,19 @@ require (
 	go.opentelemetry.io/otel/sdk v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.11.0 // indirect
-	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
-	google.golang.org/grpc v1.83.2 // indirect
+	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 require (
+	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/recmesh/recmesh/proto v0.0.0
 	github.com/recmesh/recmesh/telemetry v0.0.0
 )
 
@@ -48,3 +54,5 @@ replace (
 )
 
 replace github.com/recmesh/recmesh/telemetry => ../telemetry
+
+replace github.com/recmesh/recmesh/proto => ../proto

@@ -3,8 +3,16 @@ module github.com/recmesh/recmesh/proto
 go 1.26.0
 
 require (
+	github.com/nats-io/nats.go v1.55.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	github.com/klauspost/compress v1.20.0 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
 )
 
 require (

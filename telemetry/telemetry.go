@@ -35,7 +35,9 @@ type Telemetry struct {
 	Registry *prometheus.Registry
 	// Tracer is a no-op tracer unless tracing is configured, so that
 	// instrumented code costs nothing measurable when tracing is off.
-	Tracer         trace.TracerProvider
+	Tracer trace.TracerProvider
+	// TracingOn reports whether Tracer records spans (false: a no-op).
+	TracingOn      bool
 	shutdownTracer func(context.Context) error
 }
 
@@ -87,7 +89,7 @@ func New(ctx context.Context, service string, opts Options) (*Telemetry, error) 
 		tpOpts = append(tpOpts, sdktrace.WithBatcher(exp))
 	}
 	tp := sdktrace.NewTracerProvider(tpOpts...)
-	t.Tracer = tp
+	t.Tracer, t.TracingOn = tp, true
 	t.shutdownTracer = tp.Shutdown
 	otel.SetTracerProvider(tp)
 	log.Info("tracing on", "exporter", exporterName(opts))

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -49,7 +50,7 @@ type Server struct {
 	m    *metrics
 
 	scores []float32
-	gen    uint64 // attached generation, 0 when none (read by status)
+	gen    atomic.Uint64 // attached generation, 0 when none (read by status)
 }
 
 // New checks the options.
@@ -84,7 +85,7 @@ func New(opts Options) (*Server, error) {
 func (s *Server) Path() string { return filepath.Join(s.opts.ShmDir, s.opts.Segment) }
 
 // Generation is the attached generation (0 when detached).
-func (s *Server) Generation() uint64 { return s.gen }
+func (s *Server) Generation() uint64 { return s.gen.Load() }
 
 // Run attaches and serves until ctx is done.
 func (s *Server) Run(ctx context.Context) error {
@@ -103,11 +104,12 @@ func (s *Server) Run(ctx context.Context) error {
 			continue
 		}
 		waiting = false
-		s.gen = seg.Generation()
-		s.m.generation.Set(float64(s.gen))
-		s.log.Info("attached", "path", seg.Path(), "generation", s.gen)
+		s.gen.Store(seg.Generation())
+		s.m.generation.Set(float64(seg.Generation()))
+		s.log.Info("attached", "path", seg.Path(), "generation", seg.Generation())
 		err = s.serve(ctx, seg)
-		s.gen = 0
+		s.gen.Store(0)
+		s.m.generation.Set(0)
 		seg.DetachAccelerator()
 		_ = seg.Close()
 		if ctx.Err() != nil {

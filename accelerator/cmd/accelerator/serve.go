@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 
 	"github.com/recmesh/recmesh/accelerator/device"
 	"github.com/recmesh/recmesh/accelerator/executor"
 	"github.com/recmesh/recmesh/accelerator/server"
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"
 	"github.com/recmesh/recmesh/telemetry"
 	"github.com/recmesh/recmesh/telemetry/flagenv"
@@ -24,6 +26,7 @@ func runServe(ctx context.Context, args []string) error {
 	shmDir := fs.String("shm-dir", shm.DefaultDir, "directory of the embedder's shared-memory segment")
 	segment := fs.String("segment", server.DefaultSegment, "segment file name")
 	metricsAddr := fs.String("metrics-addr", ":9103", "address of /metrics and /healthz (empty: off)")
+	natsURL := fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: none)")
 	fs.Usage = func() { flagenv.Usage(fs) }
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -33,6 +36,9 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	if err := c.validate(); err != nil {
 		return err
+	}
+	if *natsURL == "" {
+		*natsURL = os.Getenv("NATS_URL")
 	}
 	tel, err := telemetry.New(ctx, "recmesh-accelerator", telemetry.Options{Version: version})
 	if err != nil {
@@ -61,6 +67,25 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	if _, err := tel.ServeHTTP(ctx, *metricsAddr, func() bool { return srv.Generation() != 0 }); err != nil {
 		return err
+	}
+	if *natsURL != "" {
+		nc, err := control.Connect(*natsURL, control.ServiceAccelerator, tel.Log)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		svc, err := control.Register(nc, control.ServiceAccelerator, version, func() control.Status {
+			st := control.Status{State: "waiting", Generation: srv.Generation(), ModelID: ex.Config().ID(),
+				Detail: fmt.Sprintf("plugin %s (PJRT API %s), %d buckets", rt.PluginFile(), rt.APIVersion(), len(ex.Buckets()))}
+			if st.Generation != 0 {
+				st.State, st.Ready = "serving", true
+			}
+			return st
+		})
+		if err != nil {
+			return err
+		}
+		defer svc.Stop()
 	}
 	return srv.Run(ctx)
 }

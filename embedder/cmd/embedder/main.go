@@ -15,8 +15,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/recmesh/recmesh/embedder"
 	"github.com/recmesh/recmesh/embedder/batch"
+	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"
 	"github.com/recmesh/recmesh/telemetry"
 	"github.com/recmesh/recmesh/telemetry/flagenv"
@@ -24,6 +27,23 @@ import (
 
 // version is set at link time (-ldflags -X main.version=...).
 var version = "dev"
+
+// announceInterval is how often the current generation is re-announced.
+const announceInterval = 2 * time.Second
+
+// status is the embedder's answer on the control plane.
+func status(e *embedder.Embedder) control.Status {
+	g := e.Current()
+	st := control.Status{State: "starting", Generation: g.Generation, ModelID: g.ModelID}
+	if g.Generation != 0 {
+		st.State, st.Ready = "ready", true
+	}
+	for _, l := range e.Lanes() {
+		st.Lanes = append(st.Lanes, control.LaneStatus{Index: l.Index, Owner: l.Owner, State: l.State, Queued: l.Queued})
+		st.QueueDepth += l.Queued
+	}
+	return st
+}
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -85,20 +105,55 @@ func run(args []string) error {
 	}
 	defer tel.Shutdown(context.Background())
 
+	var nc *nats.Conn
+	if *natsURL != "" {
+		if nc, err = control.Connect(*natsURL, control.ServiceEmbedder, tel.Log); err != nil {
+			return err
+		}
+		defer nc.Close()
+	}
+	announce := func(g embedder.Generation) {
+		if nc != nil {
+			_ = control.PublishAnnounce(nc, control.Announce{Path: g.Path, Generation: g.Generation, ModelID: g.ModelID})
+		}
+	}
 	e, err := embedder.New(embedder.Options{
 		Bundle: *bundle, ShmDir: *shmDir, Segment: *segment, Lanes: *lanes,
 		Mode: m, MaxBatch: *maxBatch, Window: *window, Workers: *workers, Staging: *staging,
-		Log: tel.Log, Registry: tel.Registry,
+		Log: tel.Log, Registry: tel.Registry, OnGeneration: announce,
 	})
 	if err != nil {
 		return err
+	}
+	if nc != nil {
+		svc, err := control.Register(nc, control.ServiceEmbedder, version, func() control.Status { return status(e) })
+		if err != nil {
+			e.Close()
+			return err
+		}
+		defer svc.Stop()
+		// Re-announce periodically: a frontend that joins later, or missed
+		// a message while NATS restarted, still learns the generation.
+		go func() {
+			t := time.NewTicker(announceInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if g := e.Current(); g.Generation != 0 {
+						announce(g)
+					}
+				}
+			}
+		}()
 	}
 	ready := func() bool { return e.Current().Generation != 0 }
 	if _, err := tel.ServeHTTP(ctx, *metricsAddr, ready); err != nil {
 		e.Close()
 		return err
 	}
-	_ = natsURL // the control plane attaches here (announce, status, rollout)
 	if err := e.Run(ctx); err != nil {
 		return err
 	}

@@ -27,15 +27,22 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/recmesh/recmesh/frontend"
 	"github.com/recmesh/recmesh/frontend/internal/refbackend"
 	"github.com/recmesh/recmesh/frontend/internal/shmbackend"
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"
+	"github.com/recmesh/recmesh/telemetry"
 )
+
+// version is set at link time (-ldflags -X main.version=...).
+var version = "dev"
 
 // Defaults that are the command's own; the rest come from package frontend.
 const (
@@ -65,6 +72,7 @@ type config struct {
 	backend        string
 	shmDir         string
 	segment        string
+	natsURL        string
 	referenceDelay time.Duration
 	drainDelay     time.Duration
 	drainTimeout   time.Duration
@@ -83,6 +91,7 @@ var envTwins = map[string]string{
 	"backend":         "RECMESH_FRONTEND_BACKEND",
 	"shm-dir":         "RECMESH_SHM_DIR",
 	"segment":         "RECMESH_SEGMENT",
+	"nats-url":        "NATS_URL",
 	"reference-delay": "RECMESH_FRONTEND_REFERENCE_DELAY",
 	"drain-delay":     "RECMESH_FRONTEND_DRAIN_DELAY",
 	"drain-timeout":   "RECMESH_FRONTEND_DRAIN_TIMEOUT",
@@ -103,6 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.backend, "backend", defaultBackend, "model backend: shm (the mesh: a lane of the embedder's shared-memory segment) or reference (development and tests: scores in-process from --bundle)")
 	fs.StringVar(&c.shmDir, "shm-dir", shm.DefaultDir, "shm backend: directory of the embedder's segment")
 	fs.StringVar(&c.segment, "segment", shmbackend.DefaultSegment, "shm backend: segment file name")
+	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server of the control plane (empty: none; new generations are then found by watching the segment file)")
 	fs.DurationVar(&c.referenceDelay, "reference-delay", 0, "reference backend only, for tests: extra delay per call")
 	fs.DurationVar(&c.drainDelay, "drain-delay", frontend.DefaultDrainDelay, "on SIGTERM, keep serving unready this long before refusing new calls")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", frontend.DefaultDrainTimeout, "on SIGTERM, give calls in flight this long to finish")
@@ -172,26 +182,71 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--bundle=%s: %w", c.bundle, err)
 	}
-	backend, err := newBackend(c, cfg, log)
+	tel, err := telemetry.New(ctx, control.ServiceFrontend, telemetry.Options{Version: version})
 	if err != nil {
 		return err
+	}
+	defer tel.Shutdown(context.Background())
+	notify := make(chan struct{}, 1)
+	var nc *nats.Conn
+	if c.natsURL != "" {
+		if nc, err = control.Connect(c.natsURL, control.ServiceFrontend, log); err != nil {
+			return err
+		}
+		defer nc.Close()
+		// A new generation is announced: look for it now rather than at
+		// the next periodic check of the segment file.
+		if err := control.WatchAnnounce(ctx, nc, func(control.Announce) {
+			select {
+			case notify <- struct{}{}:
+			default:
+			}
+		}); err != nil {
+			return err
+		}
+	}
+	backend, err := newBackend(c, cfg, log, notify)
+	if err != nil {
+		return err
+	}
+	if nc != nil {
+		svc, err := control.Register(nc, control.ServiceFrontend, version, func() control.Status {
+			st := control.Status{State: "waiting", ModelID: cfg.ID(), Detail: "listening on " + c.listen}
+			if g, ok := backend.(interface{ Generation() uint64 }); ok {
+				st.Generation = g.Generation()
+			}
+			if backend.Ready() {
+				st.State, st.Ready = "ready", true
+			}
+			return st
+		})
+		if err != nil {
+			backend.Close()
+			return err
+		}
+		defer svc.Stop()
+	}
+	var tp trace.TracerProvider
+	if tel.TracingOn {
+		tp = tel.Tracer
 	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := frontend.New(frontend.Options{
-		Listen:       c.listen,
-		MetricsAddr:  c.metricsAddr,
-		ModelName:    c.modelName,
-		ModelVersion: c.modelVersion,
-		MaxBatch:     c.maxBatch,
-		Model:        cfg,
-		Backend:      backend,
-		DrainDelay:   c.drainDelay,
-		DrainTimeout: c.drainTimeout,
-		Registerer:   reg,
-		Gatherer:     reg,
-		Logger:       log,
+		Listen:         c.listen,
+		MetricsAddr:    c.metricsAddr,
+		ModelName:      c.modelName,
+		ModelVersion:   c.modelVersion,
+		MaxBatch:       c.maxBatch,
+		Model:          cfg,
+		Backend:        backend,
+		DrainDelay:     c.drainDelay,
+		DrainTimeout:   c.drainTimeout,
+		Registerer:     reg,
+		Gatherer:       reg,
+		Logger:         log,
+		TracerProvider: tp,
 	})
 	if err != nil {
 		backend.Close()
@@ -235,10 +290,10 @@ func readModelConfig(dir string) (model.Config, error) {
 	return cfg, nil
 }
 
-func newBackend(c config, cfg model.Config, log *slog.Logger) (frontend.Backend, error) {
+func newBackend(c config, cfg model.Config, log *slog.Logger, notify <-chan struct{}) (frontend.Backend, error) {
 	switch c.backend {
 	case "shm":
-		return shmbackend.New(shmbackend.Options{ShmDir: c.shmDir, Segment: c.segment, Model: cfg, Log: log})
+		return shmbackend.New(shmbackend.Options{ShmDir: c.shmDir, Segment: c.segment, Model: cfg, Log: log, Notify: notify})
 	case "reference":
 		b, err := model.Open(c.bundle)
 		if err != nil {

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/recmesh/recmesh/proto/control"
+)
+
+func init() {
+	register(&command{
+		name:    "status",
+		summary: "show every mesh process on the control plane: state, generation, lanes, queue depth",
+		run:     runStatus,
+	})
+}
+
+func runStatus(ctx context.Context, e *env, args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	natsURL := fs.String("nats-url", "", "NATS server (env NATS_URL)")
+	wait := fs.Duration("wait", 500*time.Millisecond, "how long to collect answers")
+	asJSON := fs.Bool("json", false, "print the answers as JSON")
+	if err := parseFlags(fs, args, e); err != nil {
+		return err
+	}
+	if *natsURL == "" {
+		*natsURL = e.getenv("NATS_URL")
+	}
+	if *natsURL == "" {
+		return usagef("%v", control.ErrNoURL)
+	}
+	nc, err := control.Connect(*natsURL, "recmesh-status", nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	sts, err := control.Gather(ctx, nc, *wait)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	sort.Slice(sts, func(i, j int) bool {
+		if sts[i].Service != sts[j].Service {
+			return sts[i].Service < sts[j].Service
+		}
+		return sts[i].PID < sts[j].PID
+	})
+	if *asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(sts)
+	}
+	if len(sts) == 0 {
+		return fmt.Errorf("status: no recmesh process answered on %s within %v", *natsURL, *wait)
+	}
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "SERVICE\tPID\tSTATE\tREADY\tGENERATION\tLANES\tQUEUE\tDETAIL")
+	for _, s := range sts {
+		lanes := "-"
+		if len(s.Lanes) > 0 {
+			used := 0
+			for _, l := range s.Lanes {
+				if l.Owner != 0 {
+					used++
+				}
+			}
+			lanes = fmt.Sprintf("%d/%d", used, len(s.Lanes))
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\t%v\t%d\t%s\t%d\t%s\n", s.Service, s.PID, s.State, s.Ready, s.Generation, lanes, s.QueueDepth, s.Detail)
+	}
+	return w.Flush()
+}

@@ -1,0 +1,188 @@
+// Package control is recmesh's control plane over NATS: the subjects, the
+// messages every process exchanges on them, and the small helpers that
+// register a process as a NATS micro service (name, version, ping, info,
+// stats — visible to `nats micro ls`) with a status endpoint.
+//
+// The data plane never waits on NATS: a process without a NATS URL serves
+// normally and only loses announcements (frontends then find new
+// generations by watching the segment file).
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// Subjects.
+const (
+	// SubjectSegment carries Announce: the embedder publishes one whenever a
+	// segment generation becomes ready, and again periodically so late
+	// joiners learn it.
+	SubjectSegment = "recmesh.segment"
+	// SubjectStatus is answered by every process (no queue group), so one
+	// request gathers the status of the whole mesh.
+	SubjectStatus = "recmesh.status"
+)
+
+// Service names, as `nats micro ls` shows them.
+const (
+	ServiceEmbedder    = "recmesh-embedder"
+	ServiceAccelerator = "recmesh-accelerator"
+	ServiceFrontend    = "recmesh-frontend"
+)
+
+// Announce tells frontends and the accelerator where the current segment
+// generation lives.
+type Announce struct {
+	Path       string `json:"path"`
+	Generation uint64 `json:"generation"`
+	ModelID    string `json:"model_id"`
+}
+
+// Status is one process's answer on SubjectStatus.
+type Status struct {
+	Service    string       `json:"service"`
+	ID         string       `json:"id"`
+	Host       string       `json:"host"`
+	PID        int          `json:"pid"`
+	Version    string       `json:"version"`
+	State      string       `json:"state"` // e.g. ready, waiting, draining
+	Ready      bool         `json:"ready"`
+	Generation uint64       `json:"generation"`
+	ModelID    string       `json:"model_id,omitempty"`
+	Lanes      []LaneStatus `json:"lanes,omitempty"`
+	QueueDepth int          `json:"queue_depth"`
+	Detail     string       `json:"detail,omitempty"`
+}
+
+// LaneStatus is one lane of the embedder's segment.
+type LaneStatus struct {
+	Index  int    `json:"index"`
+	Owner  int    `json:"owner"`
+	State  string `json:"state"`
+	Queued int    `json:"queued"`
+}
+
+// Connect dials url with reconnects that never give up: a NATS restart
+// must not take a serving process down.
+func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
+	nc, err := nats.Connect(url,
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil && log != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("control: connect %s (check NATS_URL): %w", url, err)
+	}
+	return nc, nil
+}
+
+// Register adds the process as a micro service with a status endpoint that
+// answers with status().
+func Register(nc *nats.Conn, service, version string, status func() Status) (micro.Service, error) {
+	svc, err := micro.AddService(nc, micro.Config{
+		Name:        service,
+		Version:     semver(version),
+		Description: "recmesh " + service,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("control: register %s: %w", service, err)
+	}
+	host, _ := os.Hostname()
+	id := svc.Info().ID
+	handler := micro.HandlerFunc(func(r micro.Request) {
+		st := status()
+		st.Service, st.ID, st.Host, st.PID, st.Version = service, id, host, os.Getpid(), version
+		_ = r.RespondJSON(st)
+	})
+	if err := svc.AddEndpoint("status", handler,
+		micro.WithEndpointSubject(SubjectStatus), micro.WithEndpointQueueGroupDisabled()); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("control: status endpoint: %w", err)
+	}
+	return svc, nil
+}
+
+// semver makes a version micro accepts ("dev" is not semver).
+func semver(v string) string {
+	if v == "" || v == "dev" {
+		return "0.0.0-dev"
+	}
+	return v
+}
+
+// PublishAnnounce sends a on SubjectSegment.
+func PublishAnnounce(nc *nats.Conn, a Announce) error {
+	b, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	return nc.Publish(SubjectSegment, b)
+}
+
+// Gather asks every process for its status and collects the answers that
+// arrive within wait.
+func Gather(ctx context.Context, nc *nats.Conn, wait time.Duration) ([]Status, error) {
+	inbox := nats.NewInbox()
+	ch := make(chan *nats.Msg, 256)
+	sub, err := nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(SubjectStatus, inbox, nil); err != nil {
+		return nil, err
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	var out []Status
+	for {
+		select {
+		case m := <-ch:
+			var st Status
+			if err := json.Unmarshal(m.Data, &st); err == nil {
+				out = append(out, st)
+			}
+		case <-timer.C:
+			return out, nil
+		case <-ctx.Done():
+			return out, ctx.Err()
+		}
+	}
+}
+
+// WatchAnnounce calls fn for every Announce until ctx is done.
+func WatchAnnounce(ctx context.Context, nc *nats.Conn, fn func(Announce)) error {
+	sub, err := nc.Subscribe(SubjectSegment, func(m *nats.Msg) {
+		var a Announce
+		if json.Unmarshal(m.Data, &a) == nil {
+			fn(a)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("control: subscribe %s: %w", SubjectSegment, err)
+	}
+	go func() {
+		<-ctx.Done()
+		_ = sub.Unsubscribe()
+	}()
+	return nil
+}
+
+// ErrNoURL is returned where a control-plane action needs NATS and none is
+// configured.
+var ErrNoURL = errors.New("control: no NATS URL (set NATS_URL or --nats-url)")
