@@ -269,6 +269,8 @@ func (c *cluster) dump() {
 	}
 }
 
+func namef(format string, args ...any) string { return fmt.Sprintf(format, args...) }
+
 func tail(s string) string {
 	sc := bufio.NewScanner(bytes.NewBufferString(s))
 	var lines []string
