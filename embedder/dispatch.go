@@ -8,6 +8,8 @@ import (
 	"time"
 	"unsafe"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/recmesh/recmesh/embedder/batch"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/shm"
@@ -33,6 +35,7 @@ type dispatcher struct {
 	hasWork                  func() bool
 	laneLbl                  []string
 	self                     *worker
+	tracer                   trace.Tracer // nil when tracing is off
 }
 
 func (e *Embedder) newDispatcher(seg *shm.Segment, jobs chan job) (*dispatcher, error) {
@@ -42,6 +45,7 @@ func (e *Embedder) newDispatcher(seg *shm.Segment, jobs chan job) (*dispatcher, 
 		bw:      seg.BatchWriter(),
 		batcher: batch.New(batch.Options{Mode: e.opts.Mode, MaxBatch: e.opts.MaxBatch, MaxEntries: e.opts.MaxBatch, Window: e.opts.Window}),
 		jobs:    jobs,
+		tracer:  newTracer(e.opts.Tracer),
 	}
 	g := seg.Geometry()
 	for i := 0; i < g.Lanes; i++ {
@@ -75,6 +79,7 @@ func (d *dispatcher) batchFor(st *shm.Staging) *openBatch {
 		status:  make([]atomic.Uint32, max),
 		readAt:  make([]time.Time, max),
 		dead:    make([]int64, max),
+		traces:  make([]shm.TraceContext, max),
 	}
 	d.batches[st.Index()] = b
 	return b
@@ -251,6 +256,7 @@ func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err e
 	b.status[k].Store(status)
 	b.readAt[k] = now
 	b.dead[k] = req.Deadline
+	b.traces[k] = req.Trace
 	for first := 0; first < rows; first += DefaultChunk {
 		n := min(DefaultChunk, rows-first)
 		b.wg.Add(1)
@@ -322,7 +328,11 @@ func (d *dispatcher) seal() error {
 		d.e.m.queueWait.Observe(now.Sub(b.readAt[k]).Seconds())
 	}
 	rows := d.batcher.Rows()
-	if _, err := d.bw.Publish(b.st, shm.BatchDesc{Examples: rows, Entries: len(b.entries)}); err != nil {
+	var tc shm.TraceContext
+	if d.tracer != nil {
+		tc = d.traceBatch(b, rows, now)
+	}
+	if _, err := d.bw.Publish(b.st, shm.BatchDesc{Examples: rows, Entries: len(b.entries), Trace: tc}); err != nil {
 		return err
 	}
 	d.e.m.batch.Observe(float64(rows))

@@ -17,6 +17,7 @@ import (
 	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/recmesh/recmesh/embedder/batch"
 	"github.com/recmesh/recmesh/embedder/lookup"
@@ -57,6 +58,10 @@ type Options struct {
 	// Log and Registry; defaults discard logs and use a private registry.
 	Log      *slog.Logger
 	Registry prometheus.Registerer
+	// Tracer records the lookup span of each batch (linked to every request
+	// it carries) and a queue-wait span inside each sampled request's trace.
+	// Nil or a no-op provider: no tracing work at all.
+	Tracer trace.TracerProvider
 	// OnGeneration is called each time a new segment generation is ready
 	// (the control plane announces it).
 	OnGeneration func(Generation)
@@ -236,6 +241,7 @@ type openBatch struct {
 	status  []atomic.Uint32
 	readAt  []time.Time
 	dead    []int64 // deadlines, unix ns
+	traces  []shm.TraceContext
 	wg      sync.WaitGroup
 }
 

@@ -84,6 +84,12 @@ func TestLaneCarriesHeaderFields(t *testing.T) {
 	if sv.rr.Canceled(slot) {
 		t.Fatal("fresh slot reads cancelled")
 	}
+	if got, err := sv.cw.Trace(slot, req.Epoch); err != nil || got != tc {
+		t.Fatalf("accelerator reads trace %+v, %v; want %+v", got, err, tc)
+	}
+	if _, err := sv.cw.Trace(slot, req.Epoch+1); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("trace of a stale epoch: %v, want ErrStaleEpoch", err)
+	}
 	if err := l.Cancel(slot); err != nil {
 		t.Fatal(err)
 	}

@@ -139,6 +139,16 @@ func (w *CompletionWriter) Scores(slot int, epoch uint32) ([]byte, error) {
 	return w.ctl.arena[o : o+n : o+n], nil
 }
 
+// Trace returns the trace context the frontend wrote into slot, after
+// checking that the lane still holds epoch. The accelerator links its spans
+// to it; a hostile value can only produce a useless link.
+func (w *CompletionWriter) Trace(slot int, epoch uint32) (TraceContext, error) {
+	if err := w.check(slot, epoch); err != nil {
+		return TraceContext{}, err
+	}
+	return readSlotHeader(w.ctl.slot(slot)).Trace, nil
+}
+
 func (w *CompletionWriter) check(slot int, epoch uint32) error {
 	if slot < 0 || slot >= w.seg.geo.SlotsPerLane {
 		return fmt.Errorf("shm: lane %d: slot %d outside [0, %d)", w.ctl.index, slot, w.seg.geo.SlotsPerLane)

@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/recmesh/recmesh/accelerator/executor"
 	"github.com/recmesh/recmesh/model"
@@ -39,15 +40,19 @@ type Options struct {
 	Executor *executor.Executor
 	Log      *slog.Logger
 	Registry prometheus.Registerer
+	// Tracer records an execute span per bucket run, linked to every
+	// request it carried. Nil or a no-op provider: no tracing work.
+	Tracer trace.TracerProvider
 }
 
 // Server serves batches of one embedder.
 type Server struct {
-	opts Options
-	ex   *executor.Executor
-	cfg  model.Config
-	log  *slog.Logger
-	m    *metrics
+	opts   Options
+	ex     *executor.Executor
+	cfg    model.Config
+	log    *slog.Logger
+	m      *metrics
+	tracer trace.Tracer // nil when tracing is off
 
 	scores []float32
 	gen    atomic.Uint64 // attached generation, 0 when none (read by status)
@@ -77,6 +82,7 @@ func New(opts Options) (*Server, error) {
 		log:    opts.Log,
 		m:      newMetrics(opts.Registry, opts.Executor.Buckets()),
 		scores: make([]float32, opts.Executor.MaxBucket()),
+		tracer: newTracer(opts.Tracer),
 	}
 	return s, nil
 }
@@ -145,8 +151,11 @@ func (s *Server) attach() (*shm.Segment, error) {
 // serve runs one generation's batches.
 func (s *Server) serve(ctx context.Context, seg *shm.Segment) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { _ = seg.AcceleratorHeartbeat(ctx, 0) }()
+	// The heartbeat writes into the mapping: it must stop before the
+	// caller unmaps it.
+	beat := make(chan struct{})
+	defer func() { cancel(); <-beat }()
+	go func() { defer close(beat); _ = seg.AcceleratorHeartbeat(ctx, 0) }()
 
 	g := seg.Geometry()
 	writers := make([]*shm.CompletionWriter, g.Lanes)
@@ -204,8 +213,12 @@ func (s *Server) runBatch(reader *shm.BatchReader, b shm.Batch, in *executor.Inp
 			s.log.Error("execute", "examples", n, "err", err)
 			runStatus = shm.StatusInternal
 		} else {
+			end := time.Now()
 			bucket, idx, _ := s.ex.BucketFor(n)
-			s.m.execute[idx].Observe(time.Since(start).Seconds())
+			if s.tracer != nil {
+				s.traceBatch(reader, b, writers, bucket, start, end)
+			}
+			s.m.execute[idx].Observe(end.Sub(start).Seconds())
 			s.m.runs[idx].Inc()
 			s.m.batch.Observe(float64(n))
 			s.m.padding.Observe(float64(bucket-n) / float64(bucket))

@@ -61,7 +61,7 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer ex.Close()
-	srv, err := server.New(server.Options{ShmDir: *shmDir, Segment: *segment, Executor: ex, Log: tel.Log, Registry: tel.Registry})
+	srv, err := server.New(server.Options{ShmDir: *shmDir, Segment: *segment, Executor: ex, Log: tel.Log, Registry: tel.Registry, Tracer: tel.Tracer})
 	if err != nil {
 		return err
 	}

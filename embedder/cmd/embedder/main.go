@@ -120,7 +120,7 @@ func run(args []string) error {
 	e, err := embedder.New(embedder.Options{
 		Bundle: *bundle, ShmDir: *shmDir, Segment: *segment, Lanes: *lanes,
 		Mode: m, MaxBatch: *maxBatch, Window: *window, Workers: *workers, Staging: *staging,
-		Log: tel.Log, Registry: tel.Registry, OnGeneration: announce,
+		Log: tel.Log, Registry: tel.Registry, OnGeneration: announce, Tracer: tel.Tracer,
 	})
 	if err != nil {
 		return err

@@ -34,7 +34,7 @@ import (
 
 	"github.com/recmesh/recmesh/frontend"
 	"github.com/recmesh/recmesh/frontend/internal/refbackend"
-	"github.com/recmesh/recmesh/frontend/internal/shmbackend"
+	"github.com/recmesh/recmesh/frontend/shmbackend"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"

@@ -120,6 +120,10 @@ type attachment struct {
 	retired atomic.Bool
 	once    sync.Once
 	stop    context.CancelFunc
+	// loops runs the heartbeat and completion goroutines; the mapping is
+	// unmapped only after they returned (quiet), or they would fault.
+	loops   sync.WaitGroup
+	quiet   atomic.Bool
 	closeMu sync.Mutex
 	closedX bool
 }
@@ -160,8 +164,9 @@ func (b *Backend) attach(ctx context.Context) (*attachment, error) {
 	for i := range a.slots {
 		a.slots[i] = slotHandle{a: a, index: i, status: make(chan uint32, 1)}
 	}
-	go func() { _ = lane.Heartbeat(actx, 0) }()
-	go a.readCompletions(actx)
+	a.loops.Add(2)
+	go func() { defer a.loops.Done(); _ = lane.Heartbeat(actx, 0) }()
+	go func() { defer a.loops.Done(); a.readCompletions(actx) }()
 	return a, nil
 }
 
@@ -307,6 +312,8 @@ func (a *attachment) retire() {
 			_ = a.lane.Release()
 		}
 		a.stop()
+		a.loops.Wait()
+		a.quiet.Store(true)
 		a.fail(frontend.ErrUnavailable)
 		a.maybeClose()
 	}()
@@ -325,7 +332,7 @@ func (a *attachment) release() {
 const closedRefs = -1 << 40
 
 func (a *attachment) maybeClose() {
-	if !a.isDead() || !a.retired.Load() || !a.refs.CompareAndSwap(0, closedRefs) {
+	if !a.quiet.Load() || !a.isDead() || !a.refs.CompareAndSwap(0, closedRefs) {
 		return
 	}
 	a.closeMu.Lock()
