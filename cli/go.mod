@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/nats-io/nats-server/v2 v2.15.2
+	github.com/prometheus/common v0.72.0
 	github.com/recmesh/recmesh/model v0.0.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
@@ -33,7 +34,6 @@ require (
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
@@ -47,17 +47,18 @@ require (
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
-	k8s.io/klog/v2 v2.130.1 // indirect
+	k8s.io/klog/v2 v2.140.0 // indirect
 )
 
 require (
 	github.com/recmesh/recmesh/accelerator v0.0.0
+	github.com/recmesh/recmesh/deploy v0.0.0
 	github.com/recmesh/recmesh/embedder v0.0.0
 	github.com/recmesh/recmesh/frontend v0.0.0
 	github.com/recmesh/recmesh/proto v0.0.0
 	github.com/recmesh/recmesh/shm v0.0.0 // indirect
 	github.com/recmesh/recmesh/telemetry v0.0.0
-	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
@@ -77,3 +78,5 @@ replace github.com/recmesh/recmesh/accelerator => ../accelerator
 replace github.com/recmesh/recmesh/frontend => ../frontend
 
 replace github.com/recmesh/recmesh/shm => ../shm
+
+replace github.com/recmesh/recmesh/deploy => ../deploy

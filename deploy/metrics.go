@@ -38,8 +38,9 @@ var Processes = []string{Frontend, Embedder, Accelerator}
 var all = []string{Frontend, Embedder, Accelerator}
 
 // Metrics is the expected set: the metric families the processes register,
-// which the Grafana dashboard and any alert may use. It is kept by hand for
-// now; a test should later compare it with the real registrations.
+// which the Grafana dashboard and any alert may use. The end-to-end test
+// (cli/e2e TestE2EMetrics) scrapes a running mesh and fails when a process
+// does not export one of them.
 var Metrics = []Metric{
 	// Frontend.
 	{"recmesh_frontend_requests_total", Counter, []string{"code"}, []string{Frontend}},
@@ -60,6 +61,7 @@ var Metrics = []Metric{
 	{"recmesh_embedder_table_bytes", Gauge, nil, []string{Embedder}},
 
 	// Accelerator.
+	{"recmesh_accelerator_requests_total", Counter, []string{"status"}, []string{Accelerator}},
 	{"recmesh_accelerator_execute_seconds", Histogram, []string{"bucket"}, []string{Accelerator}},
 	{"recmesh_accelerator_batch_examples", Histogram, nil, []string{Accelerator}},
 	{"recmesh_accelerator_padding_ratio", Histogram, nil, []string{Accelerator}},

@@ -250,6 +250,9 @@ func (s *Server) runBatch(reader *shm.BatchReader, b shm.Batch, in *executor.Inp
 			continue
 		}
 		touched[e.Lane] = true
+		if int(status) < len(s.m.completed) {
+			s.m.completed[status].Inc()
+		}
 	}
 	for i, t := range touched {
 		if t {
@@ -281,6 +284,7 @@ func (s *Server) writeScores(w *shm.CompletionWriter, e shm.BatchEntry, n int) u
 
 // metrics are the accelerator's Prometheus series.
 type metrics struct {
+	completed  []prometheus.Counter // by shm status code
 	execute    []prometheus.Observer
 	runs       []prometheus.Counter
 	batch      prometheus.Histogram
@@ -314,6 +318,14 @@ func newMetrics(reg prometheus.Registerer, buckets []int) *metrics {
 			Help: "Segment generation attached to (0 when detached).",
 		}),
 	}
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "recmesh_accelerator_requests_total",
+		Help: "Requests completed into their lanes, by status.",
+	}, []string{"status"})
+	for _, name := range []string{"ok", "canceled", "expired", "invalid", "unavailable", "internal"} {
+		m.completed = append(m.completed, requests.WithLabelValues(name))
+	}
+	reg.MustRegister(requests)
 	for _, b := range buckets {
 		l := strconv.Itoa(b)
 		m.execute = append(m.execute, exec.WithLabelValues(l))

@@ -132,6 +132,7 @@ type cluster struct {
 	port    int
 	mode    string
 	procs   map[string]*proc
+	metrics map[string]string // process name → metrics address
 }
 
 func newCluster(t *testing.T, mode string) *cluster {
@@ -143,6 +144,7 @@ func newCluster(t *testing.T, mode string) *cluster {
 		port:    freePort(t),
 		mode:    mode,
 		procs:   map[string]*proc{},
+		metrics: map[string]string{},
 	}
 	t.Cleanup(c.stopAll)
 	return c
@@ -173,7 +175,9 @@ func (c *cluster) start(name string, args ...string) *proc {
 		path = filepath.Join(c.bin, "frontend")
 		args = append([]string{"--port", strconv.Itoa(c.port)}, args...)
 	}
-	args = append(args, "--metrics-addr", "127.0.0.1:0")
+	maddr := fmt.Sprintf("127.0.0.1:%d", freePort(c.t))
+	c.metrics[name] = maddr
+	args = append(args, "--metrics-addr", maddr)
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(),
 		"RECMESH_BUNDLE="+c.bundle,

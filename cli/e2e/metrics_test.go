@@ -1,0 +1,78 @@
+package e2e
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/recmesh/recmesh/deploy"
+)
+
+// TestE2EMetrics scrapes /metrics of every process of a mesh that has
+// served traffic and finds every metric family the deployment's dashboard
+// and alerts rely on (deploy.Metrics), so the dashboard can only chart
+// series that exist.
+func TestE2EMetrics(t *testing.T) {
+	w := loadWorkload(t)
+	c := newCluster(t, "full")
+	c.startMesh(1)
+	drive(t, c.addr(), w, 2)
+
+	for name, addr := range c.metrics {
+		kind := name
+		if strings.HasPrefix(name, "frontend") {
+			kind = deploy.Frontend
+		}
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatalf("%s: parse /metrics: %v", name, err)
+		}
+		for _, m := range deploy.Metrics {
+			if !contains(m.Processes, kind) {
+				continue
+			}
+			f, ok := families[m.Name]
+			if !ok {
+				t.Errorf("%s does not export %s", name, m.Name)
+				continue
+			}
+			for _, l := range m.Labels {
+				if len(f.Metric) > 0 && !hasLabel(f.Metric[0].Label, l) {
+					t.Errorf("%s: %s lacks label %q", name, m.Name, l)
+				}
+			}
+		}
+		if _, ok := families["recmesh_"+kind+"_requests_total"]; !ok {
+			t.Errorf("%s: no request counter", name)
+		}
+	}
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func hasLabel[L interface{ GetName() string }](labels []L, name string) bool {
+	for _, l := range labels {
+		if l.GetName() == name {
+			return true
+		}
+	}
+	return false
+}
