@@ -20,6 +20,8 @@ import (
 // lanes (reclaim must not race the ring consumer, so it runs here too).
 type dispatcher struct {
 	e                        *Embedder
+	g                        *generation
+	cfg                      model.Config
 	seg                      *shm.Segment
 	readers                  []*shm.RequestReader
 	bw                       *shm.BatchWriter
@@ -36,19 +38,26 @@ type dispatcher struct {
 	laneLbl                  []string
 	self                     *worker
 	tracer                   trace.Tracer // nil when tracing is off
+	drainStart               time.Time    // when a newer generation took over
 }
 
-func (e *Embedder) newDispatcher(seg *shm.Segment, jobs chan job) (*dispatcher, error) {
+// errDrained ends a replaced generation once nothing is left in it.
+var errDrained = errors.New("embedder: generation drained")
+
+func (e *Embedder) newDispatcher(g *generation, jobs chan job) (*dispatcher, error) {
+	seg := g.seg
 	d := &dispatcher{
 		e:       e,
+		g:       g,
+		cfg:     g.store.Config,
 		seg:     seg,
 		bw:      seg.BatchWriter(),
 		batcher: batch.New(batch.Options{Mode: e.opts.Mode, MaxBatch: e.opts.MaxBatch, MaxEntries: e.opts.MaxBatch, Window: e.opts.Window}),
 		jobs:    jobs,
 		tracer:  newTracer(e.opts.Tracer),
 	}
-	g := seg.Geometry()
-	for i := 0; i < g.Lanes; i++ {
+	geo := seg.Geometry()
+	for i := 0; i < geo.Lanes; i++ {
 		r, err := seg.RequestReader(i)
 		if err != nil {
 			return nil, err
@@ -56,7 +65,7 @@ func (e *Embedder) newDispatcher(seg *shm.Segment, jobs chan job) (*dispatcher, 
 		d.readers = append(d.readers, r)
 		d.laneLbl = append(d.laneLbl, strconv.Itoa(i))
 	}
-	d.batches = make([]*openBatch, g.StagingCount)
+	d.batches = make([]*openBatch, geo.StagingCount)
 	d.hasWork = d.wake
 	return d, nil
 }
@@ -66,7 +75,7 @@ func (d *dispatcher) batchFor(st *shm.Staging) *openBatch {
 	if b := d.batches[st.Index()]; b != nil {
 		return b
 	}
-	cfg := d.e.cfg
+	cfg := d.cfg
 	lay := cfg.Staging(model.PowerOfTwoCeil(d.e.opts.MaxBatch))
 	data := st.Data()
 	per := len(cfg.VocabSizes) * cfg.EmbeddingDim
@@ -147,6 +156,19 @@ func (d *dispatcher) housekeeping(now time.Time) error {
 	} else if d.accelSeen && !errors.Is(err, shm.ErrNoAccelerator) {
 		return errAcceleratorGone
 	}
+	if d.g.replaced.Load() {
+		if d.drainStart.IsZero() {
+			d.drainStart = now
+		}
+		if d.drained() {
+			return errDrained
+		}
+		if now.Sub(d.drainStart) > drainTimeout {
+			d.e.log.Warn("replaced generation did not drain in time; closing it", "generation", d.seg.Generation(), "timeout", drainTimeout)
+			return errDrained
+		}
+		return nil // the gauges describe the current generation
+	}
 	if now.Sub(d.lastMetrics) >= metricsInterval {
 		d.lastMetrics = now
 		inUse, depth := 0, 0
@@ -165,6 +187,20 @@ func (d *dispatcher) housekeeping(now time.Time) error {
 		d.e.m.queueDepth.Set(float64(depth))
 	}
 	return nil
+}
+
+// drained reports whether a replaced generation has nothing left: no
+// request held or batched, every batch executed, every lane given back.
+func (d *dispatcher) drained() bool {
+	if d.open != nil || d.hasHeld || d.seg.CompletedSeq() < d.seg.PublishedSeq() || d.seg.RequestsPending() {
+		return false
+	}
+	for _, l := range d.seg.Lanes() {
+		if l.Owner != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // readRound reads up to maxReadsPerLane requests from every lane, starting
@@ -219,7 +255,7 @@ func (d *dispatcher) readRound(ctx context.Context) (progressed bool, err error)
 // it does not fit). ok is false when no staging buffer is free.
 func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err error) {
 	now := time.Now()
-	cfg := d.e.cfg
+	cfg := d.cfg
 	status := shm.StatusOK
 	switch {
 	case req.PayloadLength != cfg.Request(req.Examples).Size || req.Examples > d.e.opts.MaxBatch:
@@ -344,7 +380,7 @@ func (d *dispatcher) seal() error {
 // helper is the dispatcher's own worker, used while it waits for a seal.
 func (d *dispatcher) helper() *worker {
 	if d.self == nil {
-		d.self = d.e.newWorker()
+		d.self = newWorker(d.e, d.g.store)
 	}
 	return d.self
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,15 +108,22 @@ func (o Options) withDefaults() Options {
 
 // Embedder serves one model's tables to the mesh.
 type Embedder struct {
-	opts  Options
-	store *Store
-	cfg   model.Config
-	m     *metrics
-	log   *slog.Logger
+	opts Options
+	m    *metrics
+	log  *slog.Logger
 
-	mu  sync.Mutex
-	gen Generation // current
-	seg *shm.Segment
+	// loads hands a rollout's new store to Run, which answers on done.
+	loads chan loadRequest
+
+	mu    sync.Mutex
+	store *Store // serving store; Run owns it
+	gen   Generation
+	seg   *shm.Segment
+}
+
+type loadRequest struct {
+	store *Store
+	done  chan Generation
 }
 
 // New loads the tables; Run serves them.
@@ -127,22 +135,33 @@ func New(opts Options) (*Embedder, error) {
 	if opts.MaxBatch > 1<<16 {
 		return nil, fmt.Errorf("embedder: max batch %d above 65536 (change --max-batch)", opts.MaxBatch)
 	}
-	start := time.Now()
-	store, err := LoadStore(opts.Bundle)
+	e := &Embedder{opts: opts, m: newMetrics(opts.Registry), log: opts.Log, loads: make(chan loadRequest)}
+	store, err := e.loadStore(opts.Bundle)
 	if err != nil {
 		return nil, err
 	}
-	e := &Embedder{opts: opts, store: store, cfg: store.Config, m: newMetrics(opts.Registry), log: opts.Log}
-	e.m.tableBytes.Set(float64(store.Bytes()))
-	e.m.hugeFraction.Set(store.HugePageFraction)
-	e.log.Info("tables loaded", "bundle", opts.Bundle, "bytes", store.Bytes(), "rows", store.Config.TotalRows(),
-		"pages", store.Mode.String(), "huge_page_fraction", store.HugePageFraction,
-		"kernel", lookup.Kernel(), "seconds", time.Since(start).Seconds())
+	e.store = store
 	return e, nil
 }
 
-// Store is the table store.
-func (e *Embedder) Store() *Store { return e.store }
+func (e *Embedder) loadStore(dir string) (*Store, error) {
+	start := time.Now()
+	store, err := LoadStore(dir)
+	if err != nil {
+		return nil, err
+	}
+	e.log.Info("tables loaded", "bundle", dir, "model", store.Config.ID(), "bytes", store.Bytes(), "rows", store.Config.TotalRows(),
+		"pages", store.Mode.String(), "huge_page_fraction", store.HugePageFraction,
+		"kernel", lookup.Kernel(), "seconds", time.Since(start).Seconds())
+	return store, nil
+}
+
+// Store is the serving table store.
+func (e *Embedder) Store() *Store {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.store
+}
 
 // Current returns the generation being served (zero before the first).
 func (e *Embedder) Current() Generation {
@@ -161,55 +180,179 @@ func (e *Embedder) Lanes() []shm.LaneInfo {
 	return e.seg.Lanes()
 }
 
+// Load rolls out the bundle at dir: it loads the new tables while the
+// current generation keeps serving, calls prepare (which has the
+// accelerator compile the new program and must succeed before anything
+// switches), then starts a new generation on them. The old generation
+// drains: requests already in its lanes finish there, new ones go to the
+// new generation. On any error the old model keeps serving.
+func (e *Embedder) Load(ctx context.Context, dir string, prepare func(ctx context.Context, modelID string) error) (Generation, error) {
+	store, err := e.loadStore(dir)
+	if err != nil {
+		return Generation{}, fmt.Errorf("embedder: rollout of %s: %w", dir, err)
+	}
+	if prepare != nil {
+		if err := prepare(ctx, store.Config.ID()); err != nil {
+			store.Close()
+			return Generation{}, fmt.Errorf("embedder: rollout of %s: accelerator: %w", dir, err)
+		}
+	}
+	req := loadRequest{store: store, done: make(chan Generation, 1)}
+	select {
+	case e.loads <- req:
+	case <-ctx.Done():
+		store.Close()
+		return Generation{}, ctx.Err()
+	}
+	select {
+	case g := <-req.done:
+		if g.Generation == 0 {
+			return g, fmt.Errorf("embedder: rollout of %s: the new generation did not start", dir)
+		}
+		return g, nil
+	case <-ctx.Done():
+		return Generation{}, ctx.Err()
+	}
+}
+
 // errAcceleratorGone ends a generation whose accelerator died: its
 // in-flight batches are lost, so the next generation starts clean.
 var errAcceleratorGone = errors.New("embedder: accelerator died")
 
-// Run creates a segment generation and serves it until ctx is done; when
+// drainTimeout bounds how long a replaced generation waits for its
+// frontends to move their lanes to the new one.
+const drainTimeout = 30 * time.Second
+
+// Run creates a segment generation and serves it until ctx is done. When
 // the accelerator dies it starts a new generation, so a restarted
-// accelerator and the frontends re-attach to fresh rings.
+// accelerator and the frontends re-attach to fresh rings; when Load hands
+// it new tables, the new generation serves beside the draining old one.
 func (e *Embedder) Run(ctx context.Context) error {
-	defer e.store.Close()
-	for {
-		seg, err := e.create()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	endedCh := make(chan ended, 64)
+	var wg sync.WaitGroup
+	var gens []*generation // every generation not yet closed
+	start := func(store *Store) (*generation, error) {
+		g, err := e.create(store)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		err = e.serve(ctx, seg)
-		e.mu.Lock()
-		e.seg = nil
-		e.mu.Unlock()
-		if ctx.Err() != nil {
-			_ = seg.Drain()
-			_ = seg.Close()
-			_ = seg.Remove()
-			return nil
-		}
-		_ = seg.Close()
-		if !errors.Is(err, errAcceleratorGone) {
-			return err
-		}
-		e.log.Warn("accelerator died; starting a new generation", "generation", seg.Generation())
+		gens = append(gens, g)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := e.serve(ctx, g)
+			endedCh <- ended{g, err}
+		}()
+		return g, nil
+	}
+	cur, err := start(e.Store())
+	if err != nil {
+		e.Store().Close()
+		return err
+	}
+	for {
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-time.After(regenerateBackof):
+			return e.finish(cancel, &wg, gens, cur)
+		case req := <-e.loads:
+			old := cur
+			g, err := start(req.store)
+			if err != nil {
+				e.log.Error("rollout: new generation", "err", err)
+				req.store.Close()
+				req.done <- Generation{}
+				continue
+			}
+			cur = g
+			e.mu.Lock()
+			e.store = req.store
+			e.mu.Unlock()
+			old.replaced.Store(true)
+			e.log.Info("rollout: new generation serving; old one draining", "old", old.seg.Generation(), "new", g.seg.Generation(), "model", req.store.Config.ID())
+			req.done <- e.Current()
+		case end := <-endedCh:
+			g := end.g
+			if ctx.Err() != nil {
+				return e.finish(cancel, &wg, gens, cur)
+			}
+			gens = slices.DeleteFunc(gens, func(x *generation) bool { return x == g })
+			if g != cur {
+				// A replaced generation finished draining.
+				e.log.Info("generation drained", "generation", g.seg.Generation(), "err", end.err)
+				_ = g.seg.Close()
+				if g.store != e.Store() {
+					_ = g.store.Close()
+				}
+				continue
+			}
+			_ = g.seg.Close()
+			if !errors.Is(end.err, errAcceleratorGone) {
+				e.Store().Close()
+				return end.err
+			}
+			e.log.Warn("accelerator died; starting a new generation", "generation", g.seg.Generation())
+			select {
+			case <-ctx.Done():
+				e.Store().Close()
+				return nil
+			case <-time.After(regenerateBackof):
+			}
+			if cur, err = start(e.Store()); err != nil {
+				e.Store().Close()
+				return err
+			}
 		}
 	}
 }
 
-func (e *Embedder) create() (*shm.Segment, error) {
+type ended struct {
+	g   *generation
+	err error
+}
+
+// finish stops every generation, closes them (the current one's file is
+// removed: no one may attach to a segment without an owner) and their
+// stores.
+func (e *Embedder) finish(cancel context.CancelFunc, wg *sync.WaitGroup, gens []*generation, cur *generation) error {
+	cancel()
+	wg.Wait()
+	stores := map[*Store]bool{e.Store(): true}
+	for _, g := range gens {
+		_ = g.seg.Drain()
+		_ = g.seg.Close()
+		if g == cur {
+			_ = g.seg.Remove()
+		}
+		stores[g.store] = true
+	}
+	for s := range stores {
+		_ = s.Close()
+	}
+	return nil
+}
+
+// generation is one segment and the store it serves.
+type generation struct {
+	seg      *shm.Segment
+	store    *Store
+	replaced atomic.Bool // a newer generation took over: drain and stop
+}
+
+func (e *Embedder) create(store *Store) (*generation, error) {
+	cfg := store.Config
 	// Sized for the bucket of a full batch: the accelerator reads whole
 	// buckets, padding rows included, from the staging buffer.
-	staging := e.cfg.Staging(model.PowerOfTwoCeil(e.opts.MaxBatch))
+	staging := cfg.Staging(model.PowerOfTwoCeil(e.opts.MaxBatch))
 	seg, err := shm.Create(shm.Options{
 		Name:    e.opts.Segment,
 		Dir:     e.opts.ShmDir,
-		ModelID: e.cfg.ID(),
+		ModelID: cfg.ID(),
 		Geometry: shm.Geometry{
 			Lanes:           e.opts.Lanes,
 			MaxExamples:     e.opts.MaxBatch,
-			ExampleBytes:    (e.cfg.NumDense + e.cfg.SparseWidth()) * 4,
+			ExampleBytes:    (cfg.NumDense + cfg.SparseWidth()) * 4,
 			StagingCount:    e.opts.Staging,
 			StagingBytes:    staging.Size,
 			MaxBatchEntries: e.opts.MaxBatch,
@@ -223,12 +366,14 @@ func (e *Embedder) create() (*shm.Segment, error) {
 	e.gen, e.seg = g, seg
 	e.mu.Unlock()
 	e.m.generation.Set(float64(g.Generation))
-	e.log.Info("segment ready", "path", g.Path, "generation", g.Generation, "lanes", e.opts.Lanes,
+	e.m.tableBytes.Set(float64(store.Bytes()))
+	e.m.hugeFraction.Set(store.HugePageFraction)
+	e.log.Info("segment ready", "path", g.Path, "generation", g.Generation, "model", g.ModelID, "lanes", e.opts.Lanes,
 		"mode", e.opts.Mode.String(), "max_batch", e.opts.MaxBatch, "workers", e.opts.Workers)
 	if e.opts.OnGeneration != nil {
 		e.opts.OnGeneration(g)
 	}
-	return seg, nil
+	return &generation{seg: seg, store: store}, nil
 }
 
 // openBatch is the batch being filled in one staging buffer. One exists
@@ -257,7 +402,8 @@ type job struct {
 }
 
 // serve runs one generation: heartbeat, workers and the dispatcher.
-func (e *Embedder) serve(ctx context.Context, seg *shm.Segment) error {
+func (e *Embedder) serve(ctx context.Context, g *generation) error {
+	seg := g.seg
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -273,7 +419,7 @@ func (e *Embedder) serve(ctx context.Context, seg *shm.Segment) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := e.newWorker()
+			w := newWorker(e, g.store)
 			for {
 				select {
 				case <-ctx.Done():
@@ -284,7 +430,7 @@ func (e *Embedder) serve(ctx context.Context, seg *shm.Segment) error {
 			}
 		}()
 	}
-	d, err := e.newDispatcher(seg, jobs)
+	d, err := e.newDispatcher(g, jobs)
 	if err != nil {
 		return err
 	}
@@ -296,24 +442,25 @@ func (e *Embedder) serve(ctx context.Context, seg *shm.Segment) error {
 // a frontend rewriting them mid-lookup cannot make the kernel read out of
 // bounds.
 type worker struct {
-	e   *Embedder
-	ids []int32
+	e     *Embedder
+	store *Store
+	ids   []int32
 }
 
-func (e *Embedder) newWorker() *worker {
-	return &worker{e: e, ids: make([]int32, DefaultChunk*e.cfg.SparseWidth())}
+func newWorker(e *Embedder, store *Store) *worker {
+	return &worker{e: e, store: store, ids: make([]int32, DefaultChunk*store.Config.SparseWidth())}
 }
 
 func (w *worker) run(j job) {
 	defer j.b.wg.Done()
 	start := time.Now()
-	cfg := w.e.cfg
+	cfg := w.store.Config
 	width := cfg.SparseWidth()
 	lay := cfg.Request(j.reqN)
 	ids := w.ids[:j.n*width]
 	src := unsafe.Slice((*int32)(unsafe.Pointer(&j.payload[lay.SparseOffset+j.first*width*4])), j.n*width)
 	copy(ids, src)
-	tables := w.e.store.Tables
+	tables := w.store.Tables
 	per := len(cfg.VocabSizes) * cfg.EmbeddingDim
 	out := j.b.pooled[j.row*per : (j.row+j.n)*per]
 	if err := tables.Validate(ids, j.n); err != nil {
@@ -330,4 +477,4 @@ func (w *worker) run(j job) {
 }
 
 // Close releases the tables if Run was never called.
-func (e *Embedder) Close() error { return e.store.Close() }
+func (e *Embedder) Close() error { return e.Store().Close() }

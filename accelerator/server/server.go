@@ -14,7 +14,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -48,14 +50,16 @@ type Options struct {
 // Server serves batches of one embedder.
 type Server struct {
 	opts   Options
-	ex     *executor.Executor
-	cfg    model.Config
 	log    *slog.Logger
 	m      *metrics
 	tracer trace.Tracer // nil when tracing is off
 
-	scores []float32
-	gen    atomic.Uint64 // attached generation, 0 when none (read by status)
+	gen atomic.Uint64 // attached generation, 0 when none (read by status)
+
+	mu      sync.Mutex
+	ex      *executor.Executor // serves new generations
+	pending *executor.Executor // compiled for a rollout, not yet attached
+	refs    map[*executor.Executor]int
 }
 
 // New checks the options.
@@ -78,10 +82,9 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		opts:   opts,
 		ex:     opts.Executor,
-		cfg:    opts.Executor.Config(),
 		log:    opts.Log,
 		m:      newMetrics(opts.Registry, opts.Executor.Buckets()),
-		scores: make([]float32, opts.Executor.MaxBucket()),
+		refs:   map[*executor.Executor]int{},
 		tracer: newTracer(opts.Tracer),
 	}
 	return s, nil
@@ -93,63 +96,135 @@ func (s *Server) Path() string { return filepath.Join(s.opts.ShmDir, s.opts.Segm
 // Generation is the attached generation (0 when detached).
 func (s *Server) Generation() uint64 { return s.gen.Load() }
 
-// Run attaches and serves until ctx is done.
-func (s *Server) Run(ctx context.Context) error {
-	waiting := false
-	for ctx.Err() == nil {
-		seg, err := s.attach()
-		if err != nil {
-			if !waiting {
-				s.log.Info("waiting for the embedder's segment", "path", s.Path(), "reason", err)
-				waiting = true
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(attachRetry):
-			}
-			continue
-		}
-		waiting = false
-		s.gen.Store(seg.Generation())
-		s.m.generation.Set(float64(seg.Generation()))
-		s.log.Info("attached", "path", seg.Path(), "generation", seg.Generation())
-		err = s.serve(ctx, seg)
-		s.gen.Store(0)
-		s.m.generation.Set(0)
-		seg.DetachAccelerator()
-		_ = seg.Close()
-		if ctx.Err() != nil {
-			break
-		}
-		s.log.Warn("generation ended; re-attaching", "generation", seg.Generation(), "reason", err)
+// Prepare makes ex the executor for segments of its model: a rollout
+// compiles the new model with it while the old one serves, and the next
+// generation that announces that model is served with it.
+func (s *Server) Prepare(ex *executor.Executor) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending != nil && s.pending != s.ex && s.refs[s.pending] == 0 {
+		s.pending.Close()
 	}
-	return nil
+	s.pending = ex
 }
 
-// attach opens the current generation and registers as its accelerator.
-func (s *Server) attach() (*shm.Segment, error) {
-	seg, err := shm.Attach(s.Path(), shm.AttachOptions{ModelID: s.cfg.ID()})
+// Run attaches to the embedder's newest generation and serves it until ctx
+// is done. A generation replaced by a newer one (a rollout) keeps being
+// served until the embedder closes it, beside the new one.
+func (s *Server) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var lastIno uint64
+	active := 0
+	ended := make(chan struct{}, 16)
+	waiting := false
+	t := time.NewTicker(attachRetry)
+	defer t.Stop()
+	for {
+		ino, statErr := inode(s.Path())
+		if statErr == nil && (active == 0 || ino != lastIno) {
+			seg, ex, err := s.attach()
+			if err == nil {
+				lastIno = ino
+				active++
+				waiting = false
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s.serveGeneration(ctx, seg, ex)
+					ended <- struct{}{}
+				}()
+			} else if !waiting {
+				s.log.Info("waiting for a segment to serve", "path", s.Path(), "reason", err)
+				waiting = true
+			}
+		} else if statErr != nil && active == 0 && !waiting {
+			s.log.Info("waiting for the embedder's segment", "path", s.Path(), "reason", statErr)
+			waiting = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ended:
+			active--
+		case <-t.C:
+		}
+	}
+}
+
+func inode(path string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
+}
+
+// serveGeneration serves one attached segment with ex until it ends.
+func (s *Server) serveGeneration(ctx context.Context, seg *shm.Segment, ex *executor.Executor) {
+	gen := seg.Generation()
+	s.gen.Store(gen)
+	s.m.generation.Set(float64(gen))
+	s.log.Info("attached", "path", seg.Path(), "generation", gen, "model", seg.ModelID())
+	err := s.serve(ctx, seg, ex)
+	s.gen.CompareAndSwap(gen, 0)
+	seg.DetachAccelerator()
+	_ = seg.Close()
+	s.mu.Lock()
+	s.refs[ex]--
+	if s.refs[ex] == 0 && ex != s.ex && ex != s.pending {
+		ex.Close()
+		delete(s.refs, ex)
+	}
+	s.mu.Unlock()
+	if ctx.Err() == nil {
+		s.log.Info("generation ended", "generation", gen, "reason", err)
+	}
+}
+
+// attach opens the current generation, picks the executor compiled for its
+// model, and registers as its accelerator.
+func (s *Server) attach() (*shm.Segment, *executor.Executor, error) {
+	seg, err := shm.Attach(s.Path(), shm.AttachOptions{})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	ex := s.ex
+	if id := seg.ModelID(); id != s.ex.Config().ID() {
+		if s.pending == nil || s.pending.Config().ID() != id {
+			s.mu.Unlock()
+			seg.Close()
+			return nil, nil, fmt.Errorf("no program compiled for model %q (serving %q): roll out with recmesh model load", id, s.ex.Config().ID())
+		}
+		// The rollout's model: it becomes the one new generations use.
+		s.ex, s.pending = s.pending, nil
+		ex = s.ex
+	}
+	s.refs[ex]++
+	s.mu.Unlock()
+	fail := func(err error) (*shm.Segment, *executor.Executor, error) {
+		s.mu.Lock()
+		s.refs[ex]--
+		s.mu.Unlock()
+		seg.Close()
+		return nil, nil, err
 	}
 	g := seg.Geometry()
-	if model.PowerOfTwoCeil(g.MaxExamples) > s.ex.MaxBucket() {
-		seg.Close()
-		return nil, fmt.Errorf("segment max batch %d exceeds the compiled buckets (up to %d): raise the accelerator's --max-batch", g.MaxExamples, s.ex.MaxBucket())
+	if model.PowerOfTwoCeil(g.MaxExamples) > ex.MaxBucket() {
+		return fail(fmt.Errorf("segment max batch %d exceeds the compiled buckets (up to %d): raise the accelerator's --max-batch", g.MaxExamples, ex.MaxBucket()))
 	}
-	if need := s.cfg.Staging(model.PowerOfTwoCeil(g.MaxExamples)).Size; g.StagingBytes < need {
-		seg.Close()
-		return nil, fmt.Errorf("segment staging buffers of %d bytes, need %d", g.StagingBytes, need)
+	if need := ex.Config().Staging(model.PowerOfTwoCeil(g.MaxExamples)).Size; g.StagingBytes < need {
+		return fail(fmt.Errorf("segment staging buffers of %d bytes, need %d", g.StagingBytes, need))
 	}
 	if err := seg.SetAccelerator(os.Getpid()); err != nil {
-		seg.Close()
-		return nil, err
+		return fail(err)
 	}
-	return seg, nil
+	return seg, ex, nil
 }
 
 // serve runs one generation's batches.
-func (s *Server) serve(ctx context.Context, seg *shm.Segment) error {
+func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Executor) error {
 	ctx, cancel := context.WithCancel(ctx)
 	// The heartbeat writes into the mapping: it must stop before the
 	// caller unmaps it.
@@ -176,6 +251,7 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment) error {
 		}
 	}()
 	touched := make([]bool, g.Lanes)
+	scores := make([]float32, ex.MaxBucket())
 	reader := seg.BatchReader()
 	for {
 		b, err := reader.Wait(ctx)
@@ -187,13 +263,13 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment) error {
 			return err
 		}
 		if inputs[b.Staging] == nil {
-			in, err := s.ex.NewInputs(b.Data, rows)
+			in, err := ex.NewInputs(b.Data, rows)
 			if err != nil {
 				return fmt.Errorf("accelerator: wrap staging %d: %w", b.Staging, err)
 			}
 			inputs[b.Staging] = in
 		}
-		s.runBatch(reader, b, inputs[b.Staging], writers, touched)
+		s.runBatch(ex, reader, b, inputs[b.Staging], writers, touched, scores)
 		if err := reader.Done(b); err != nil {
 			return err
 		}
@@ -204,17 +280,17 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment) error {
 }
 
 // runBatch executes one batch and completes every request it carries.
-func (s *Server) runBatch(reader *shm.BatchReader, b shm.Batch, in *executor.Inputs, writers []*shm.CompletionWriter, touched []bool) {
+func (s *Server) runBatch(ex *executor.Executor, reader *shm.BatchReader, b shm.Batch, in *executor.Inputs, writers []*shm.CompletionWriter, touched []bool, scores []float32) {
 	n := b.Examples
 	runStatus := shm.StatusOK
 	if n > 0 {
 		start := time.Now()
-		if err := s.ex.Run(in, n, s.scores); err != nil {
+		if err := ex.Run(in, n, scores); err != nil {
 			s.log.Error("execute", "examples", n, "err", err)
 			runStatus = shm.StatusInternal
 		} else {
 			end := time.Now()
-			bucket, idx, _ := s.ex.BucketFor(n)
+			bucket, idx, _ := ex.BucketFor(n)
 			if s.tracer != nil {
 				s.traceBatch(reader, b, writers, bucket, start, end)
 			}
@@ -239,7 +315,7 @@ func (s *Server) runBatch(reader *shm.BatchReader, b shm.Batch, in *executor.Inp
 			status = runStatus
 		}
 		if status == shm.StatusOK {
-			status = s.writeScores(w, e, n)
+			status = writeScores(w, e, n, scores)
 		}
 		c := shm.Completion{Slot: e.Slot, Epoch: e.Epoch, Status: status, Examples: e.Rows}
 		if status != shm.StatusOK {
@@ -263,7 +339,7 @@ func (s *Server) runBatch(reader *shm.BatchReader, b shm.Batch, in *executor.Inp
 }
 
 // writeScores copies an entry's rows of the batch's scores into its slot.
-func (s *Server) writeScores(w *shm.CompletionWriter, e shm.BatchEntry, n int) uint32 {
+func writeScores(w *shm.CompletionWriter, e shm.BatchEntry, n int, scores []float32) uint32 {
 	if e.Rows <= 0 || e.FirstRow < 0 || e.FirstRow+e.Rows > n {
 		return shm.StatusInternal
 	}
@@ -277,7 +353,7 @@ func (s *Server) writeScores(w *shm.CompletionWriter, e shm.BatchEntry, n int) u
 	if len(dst) != 4*e.Rows {
 		return shm.StatusInternal
 	}
-	src := s.scores[e.FirstRow : e.FirstRow+e.Rows]
+	src := scores[e.FirstRow : e.FirstRow+e.Rows]
 	copy(dst, unsafe.Slice((*byte)(unsafe.Pointer(&src[0])), 4*e.Rows))
 	return shm.StatusOK
 }

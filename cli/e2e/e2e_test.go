@@ -25,6 +25,9 @@ type workload struct {
 	reqs []*pb.ModelInferRequest
 	n    []int
 	want [][]float32
+	// The inputs of each request, to score them with another model.
+	dense  [][]float32
+	sparse [][]int32
 }
 
 var (
@@ -74,6 +77,8 @@ func loadWorkload(t *testing.T) *workload {
 				work.reqs = append(work.reqs, req)
 				work.n = append(work.n, n)
 				work.want = append(work.want, want)
+				work.dense = append(work.dense, dense)
+				work.sparse = append(work.sparse, sparse)
 			}
 		}
 	})

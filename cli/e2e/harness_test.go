@@ -133,6 +133,7 @@ type cluster struct {
 	mode    string
 	procs   map[string]*proc
 	metrics map[string]string // process name → metrics address
+	natsURL string            // empty: no control plane
 }
 
 func newCluster(t *testing.T, mode string) *cluster {
@@ -182,7 +183,7 @@ func (c *cluster) start(name string, args ...string) *proc {
 	cmd.Env = append(os.Environ(),
 		"RECMESH_BUNDLE="+c.bundle,
 		"RECMESH_SEGMENT="+c.segment,
-		"NATS_URL=",
+		"NATS_URL="+c.natsURL,
 	)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out

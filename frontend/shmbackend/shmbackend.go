@@ -144,11 +144,15 @@ type slotHandle struct {
 	payload []byte
 	state   atomic.Int32
 	status  chan uint32 // cap 1
+	moved   *slotHandle // the slot this request moved to in a newer generation
 }
 
 func (b *Backend) attach(ctx context.Context) (*attachment, error) {
 	path := b.Path()
-	seg, err := shm.Attach(path, shm.AttachOptions{ModelID: b.cfg.ID()})
+	// Any model id: a rollout switches models under the frontend. The
+	// request layout is fixed by the DLRMv2 contract, and the embedder
+	// bounds-checks every id against its own tables.
+	seg, err := shm.Attach(path, shm.AttachOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -208,6 +212,10 @@ func (b *Backend) manage(ctx context.Context) {
 					b.cur.Store(na)
 					b.log.Info("switched generation", "from", a.seg.Generation(), "to", na.seg.Generation())
 					a.retire()
+					logged = false
+				} else if !logged {
+					b.log.Warn("a newer generation exists but attaching failed", "path", b.Path(), "err", err)
+					logged = true
 				}
 			}
 		}
@@ -417,6 +425,9 @@ func (h *slotHandle) Submit(ctx context.Context, tc frontend.TraceContext) ([]fl
 	})
 	if err != nil {
 		h.state.Store(stIdle)
+		if errors.Is(err, shm.ErrDraining) {
+			return h.move(ctx, tc)
+		}
 		if errors.Is(err, shm.ErrFull) {
 			return nil, fmt.Errorf("shmbackend: request ring full: %w", frontend.ErrFull)
 		}
@@ -438,6 +449,40 @@ func (h *slotHandle) Submit(ctx context.Context, tc frontend.TraceContext) ([]fl
 		<-h.status
 		return nil, ctx.Err()
 	}
+}
+
+// moveWait bounds how long a request waits for the generation that
+// replaces a draining one.
+const moveWait = 2 * time.Second
+
+// move resubmits a request whose generation started draining before it
+// was committed (a rollout): it waits for the manager to attach the new
+// generation, copies the payload into a slot there and submits it, so a
+// model switch fails no request.
+func (h *slotHandle) move(ctx context.Context, tc frontend.TraceContext) ([]float32, error) {
+	b := h.a.b
+	deadline := time.Now().Add(moveWait)
+	for {
+		if na := b.cur.Load(); na != nil && na != h.a && !na.isDead() && !na.retired.Load() {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("shmbackend: generation %d is draining and no newer one appeared: %w", h.a.seg.Generation(), frontend.ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	next, err := b.Acquire(ctx, h.n)
+	if err != nil {
+		return nil, err
+	}
+	nh := next.(*slotHandle)
+	copy(nh.payload, h.payload)
+	h.moved = nh
+	return nh.Submit(ctx, tc)
 }
 
 func (h *slotHandle) result(st uint32) ([]float32, error) {
@@ -462,6 +507,10 @@ func (h *slotHandle) result(st uint32) ([]float32, error) {
 
 // Release frees the slot, unless the completion reader owns it now.
 func (h *slotHandle) Release() {
+	if h.moved != nil {
+		h.moved.Release()
+		h.moved = nil
+	}
 	a := h.a
 	switch h.state.Load() {
 	case stAbandoned:

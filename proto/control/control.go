@@ -186,3 +186,61 @@ func WatchAnnounce(ctx context.Context, nc *nats.Conn, fn func(Announce)) error 
 // ErrNoURL is returned where a control-plane action needs NATS and none is
 // configured.
 var ErrNoURL = errors.New("control: no NATS URL (set NATS_URL or --nats-url)")
+
+// Rollout subjects.
+const (
+	// SubjectModelLoad asks the embedder to roll out the bundle in
+	// LoadRequest.Bundle (recmesh model load). It answers LoadReply once the
+	// new generation serves, or with the reason the old one still does.
+	SubjectModelLoad = "recmesh.model.load"
+	// SubjectPrepare asks the accelerator to compile the program for a
+	// bundle while it keeps serving; the embedder sends it during a rollout
+	// before it switches generations.
+	SubjectPrepare = "recmesh.accelerator.prepare"
+)
+
+// LoadRequest names a bundle directory, as the receiving process sees it.
+type LoadRequest struct {
+	Bundle string `json:"bundle"`
+}
+
+// LoadReply answers a LoadRequest; Error is empty on success.
+type LoadReply struct {
+	Generation uint64 `json:"generation,omitempty"`
+	ModelID    string `json:"model_id,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// Call sends req as JSON on subject and decodes the LoadReply, turning a
+// reply's Error into an error.
+func Call(ctx context.Context, nc *nats.Conn, subject string, req LoadRequest) (LoadReply, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return LoadReply{}, err
+	}
+	msg, err := nc.RequestWithContext(ctx, subject, b)
+	if err != nil {
+		return LoadReply{}, fmt.Errorf("control: %s: %w", subject, err)
+	}
+	var rep LoadReply
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return LoadReply{}, fmt.Errorf("control: %s: bad reply: %w", subject, err)
+	}
+	if rep.Error != "" {
+		return rep, errors.New(rep.Error)
+	}
+	return rep, nil
+}
+
+// Serve answers LoadRequests on subject with handle, each in its own
+// goroutine (a rollout takes seconds), as an endpoint of svc.
+func Serve(svc micro.Service, name, subject string, handle func(LoadRequest) LoadReply) error {
+	return svc.AddEndpoint(name, micro.HandlerFunc(func(r micro.Request) {
+		var req LoadRequest
+		if err := json.Unmarshal(r.Data(), &req); err != nil || req.Bundle == "" {
+			_ = r.RespondJSON(LoadReply{Error: "request needs {\"bundle\": \"<dir>\"}"})
+			return
+		}
+		go func() { _ = r.RespondJSON(handle(req)) }()
+	}), micro.WithEndpointSubject(subject))
+}

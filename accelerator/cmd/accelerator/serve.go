@@ -86,6 +86,30 @@ func runServe(ctx context.Context, args []string) error {
 			return err
 		}
 		defer svc.Stop()
+		err = control.Serve(svc, "prepare", control.SubjectPrepare, func(req control.LoadRequest) control.LoadReply {
+			next, err := compile(ctx, req.Bundle, rt, c.maxBatch, tel)
+			if err != nil {
+				tel.Log.Error("prepare failed", "bundle", req.Bundle, "err", err)
+				return control.LoadReply{Error: err.Error()}
+			}
+			srv.Prepare(next)
+			tel.Log.Info("prepared rollout", "bundle", req.Bundle, "model", next.Config().ID(), "compile_s", next.CompileTime.Seconds())
+			return control.LoadReply{ModelID: next.Config().ID()}
+		})
+		if err != nil {
+			return err
+		}
 	}
 	return srv.Run(ctx)
+}
+
+// compile builds the executor for the bundle at dir; the bundle is only
+// needed while the weights upload.
+func compile(ctx context.Context, dir string, rt *device.Runtime, maxBatch int, tel *telemetry.Telemetry) (*executor.Executor, error) {
+	b, err := model.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	return executor.New(ctx, rt, b, executor.Options{MaxBatch: maxBatch, Log: tel.Log})
 }

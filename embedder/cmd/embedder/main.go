@@ -31,6 +31,9 @@ var version = "dev"
 // announceInterval is how often the current generation is re-announced.
 const announceInterval = 2 * time.Second
 
+// rolloutTimeout bounds one model rollout: tables and compilation.
+const rolloutTimeout = 10 * time.Minute
+
 // status is the embedder's answer on the control plane.
 func status(e *embedder.Embedder) control.Status {
 	g := e.Current()
@@ -132,6 +135,25 @@ func run(args []string) error {
 			return err
 		}
 		defer svc.Stop()
+		// Rollouts: load the new tables beside the old, have the
+		// accelerator compile the new program, then switch generations.
+		err = control.Serve(svc, "model-load", control.SubjectModelLoad, func(req control.LoadRequest) control.LoadReply {
+			lctx, cancel := context.WithTimeout(ctx, rolloutTimeout)
+			defer cancel()
+			g, err := e.Load(lctx, req.Bundle, func(ctx context.Context, modelID string) error {
+				_, err := control.Call(ctx, nc, control.SubjectPrepare, req)
+				return err
+			})
+			if err != nil {
+				tel.Log.Error("rollout failed; the old model keeps serving", "bundle", req.Bundle, "err", err)
+				return control.LoadReply{Error: err.Error()}
+			}
+			return control.LoadReply{Generation: g.Generation, ModelID: g.ModelID}
+		})
+		if err != nil {
+			e.Close()
+			return err
+		}
 		// Re-announce periodically: a frontend that joins later, or missed
 		// a message while NATS restarted, still learns the generation.
 		go func() {

@@ -26,8 +26,8 @@ func TestFlagsAndEnvTwins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.listen != ":8001" || c.metricsAddr != ":9101" || c.modelName != "dlrm" || c.maxBatch != 4096 ||
-		c.bundle != "data/dlrm-cap1000" || c.backend != "reference" || c.drainTimeout != 30*time.Second {
+	if c.listen != ":8001" || c.metricsAddr != ":9110-9125" || c.modelName != "dlrm" || c.maxBatch != 4096 ||
+		c.bundle != "data/dlrm-cap1000" || c.backend != "shm" || c.drainTimeout != 30*time.Second {
 		t.Errorf("defaults: %+v", c)
 	}
 
