@@ -22,9 +22,10 @@ type Backend interface {
 	Ready() bool
 
 	// Acquire reserves room for n examples, 1 ≤ n ≤ Options.MaxBatch. It
-	// must not wait for room: when there is none it returns an error
-	// wrapping ErrFull, which the client sees as RESOURCE_EXHAUSTED and may
-	// retry. When the backend cannot serve at all it returns an error
+	// may wait for room only briefly and boundedly (the shared-memory
+	// backend waits at most a couple of milliseconds); when there is none it
+	// returns an error wrapping ErrFull, which the client sees as
+	// RESOURCE_EXHAUSTED and may retry. When the backend cannot serve at all it returns an error
 	// wrapping ErrUnavailable. The returned Slot belongs to the caller until
 	// it calls Release.
 	Acquire(ctx context.Context, n int) (Slot, error)
