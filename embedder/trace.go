@@ -6,35 +6,18 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/recmesh/recmesh/shm"
+	"github.com/recmesh/recmesh/telemetry"
 )
 
-// instrumentation scope of the embedder's spans.
+// tracerName is the instrumentation scope of this service's spans.
 const tracerName = "github.com/recmesh/recmesh/embedder"
 
-// newTracer returns nil when tracing is off, so the hot path tests one
-// pointer and does nothing else.
-func newTracer(tp trace.TracerProvider) trace.Tracer {
-	if tp == nil {
-		return nil
-	}
-	if _, off := tp.(noop.TracerProvider); off {
-		return nil
-	}
-	return tp.Tracer(tracerName)
-}
+func newTracer(tp trace.TracerProvider) trace.Tracer { return telemetry.Tracer(tp, tracerName) }
 
-// spanContext turns the binary context a frontend wrote into a slot into a
-// remote span context (invalid when the request was not traced).
 func spanContext(tc shm.TraceContext) trace.SpanContext {
-	return trace.NewSpanContext(trace.SpanContextConfig{
-		TraceID:    trace.TraceID(tc.TraceID),
-		SpanID:     trace.SpanID(tc.SpanID),
-		TraceFlags: trace.TraceFlags(tc.Flags),
-		Remote:     true,
-	})
+	return telemetry.RemoteSpanContext(tc.TraceID, tc.SpanID, tc.Flags)
 }
 
 // traceBatch records the batch's lookup span, linked to every traced
