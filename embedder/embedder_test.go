@@ -221,3 +221,53 @@ func TestExpiredDroppedBeforeLookup(t *testing.T) {
 		t.Fatalf("expired request: status %d rows %d batch examples %d", e.Status, e.Rows, b.Examples)
 	}
 }
+
+// TestHotPathAllocations pushes requests through the dispatcher, the
+// workers and the staging buffers while this test plays frontend and
+// accelerator with the allocation-free shm API: the process as a whole,
+// embedder included, must not allocate per request.
+func TestHotPathAllocations(t *testing.T) {
+	r := newRig(t, batch.None, 0)
+	d, s := model.RandomInputs(r.cfg, 4, 16)
+	lay := r.cfg.Request(16)
+	ctx := context.Background()
+	deadline := time.Now().Add(time.Hour).UnixNano()
+	one := func() {
+		slot, payload, err := r.lane.Claim(16, lay.Size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(unsafe.Slice((*float32)(unsafe.Pointer(&payload[0])), len(d)), d)
+		copy(unsafe.Slice((*int32)(unsafe.Pointer(&payload[lay.SparseOffset])), len(s)), s)
+		if err := r.lane.Commit(slot, shm.RequestMeta{ID: 1, Deadline: deadline}); err != nil {
+			t.Fatal(err)
+		}
+		b, err := r.reader.Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := r.reader.Entry(b, 0)
+		if err != nil || e.Status != shm.StatusOK {
+			t.Fatalf("entry %+v, %v", e, err)
+		}
+		if err := r.cw[e.Lane].Complete(shm.Completion{Slot: e.Slot, Epoch: e.Epoch, Examples: e.Rows}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.reader.Done(b); err != nil {
+			t.Fatal(err)
+		}
+		c, err := r.lane.WaitCompletion(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.lane.Free(c.Slot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 50; i++ { // warm up: first batches size the metric children, pools and stacks
+		one()
+	}
+	if a := testing.AllocsPerRun(200, one); a > 0.5 {
+		t.Fatalf("%.2f allocations per request through the embedder, want 0", a)
+	}
+}
