@@ -405,9 +405,13 @@ type job struct {
 func (e *Embedder) serve(ctx context.Context, g *generation) error {
 	seg := g.seg
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// Stop the heartbeat and the workers before returning: the caller
+	// closes the mapping they use.
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

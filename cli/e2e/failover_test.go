@@ -158,3 +158,59 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestE2EAcceleratorKilled kills the accelerator with SIGKILL under load:
+// calls fail with UNAVAILABLE at once, the embedder starts a new
+// generation (the dead accelerator's batches are lost with the old rings),
+// and a restarted accelerator serves again with the same embedder and
+// frontends.
+func TestE2EAcceleratorKilled(t *testing.T) {
+	w := loadWorkload(t)
+	c := newCluster(t, "model")
+	c.startMesh(1)
+	embedderPID := c.procs["embedder"].cmd.Process.Pid
+	frontendPID := c.procs["frontend-0"].cmd.Process.Pid
+
+	stop := make(chan struct{})
+	const deadline = 5 * time.Second
+	l, wg := runLoad(t, c.addr(), w, 3, deadline, stop)
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}()
+	waitFor(t, 60*time.Second, "traffic before the kill", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.codes[codes.OK] >= 10
+	})
+	c.kill("accelerator", syscall.SIGKILL)
+	waitFor(t, 10*time.Second, "UNAVAILABLE after the kill", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.codes[codes.Unavailable] > 0
+	})
+	c.start("accelerator")
+	l.marked.Store(true)
+	waitFor(t, 90*time.Second, "successes after the restart", func() bool { return l.okAfter.Load() >= 10 })
+	close(stop)
+	wg.Wait()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t.Logf("outcomes: %v; slowest failed call %v", l.codes, l.slowFail)
+	for code, n := range l.codes {
+		if code != codes.OK && code != codes.Unavailable {
+			t.Errorf("%d calls ended %v; only OK and UNAVAILABLE are acceptable", n, code)
+		}
+	}
+	if l.slowFail >= deadline {
+		t.Errorf("a failed call took %v: it hung to its deadline", l.slowFail)
+	}
+	if c.procs["embedder"].cmd.Process.Pid != embedderPID || c.procs["frontend-0"].cmd.Process.Pid != frontendPID {
+		t.Error("the embedder or the frontend was restarted")
+	}
+}

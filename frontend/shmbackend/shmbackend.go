@@ -104,7 +104,7 @@ func (b *Backend) Ready() bool {
 	if a == nil || a.isDead() || a.seg.State() != shm.StateReady {
 		return false
 	}
-	return a.seg.AcceleratorAlive(0) == nil
+	return a.accel.Load()
 }
 
 // attachment is one claimed lane of one generation.
@@ -117,6 +117,10 @@ type attachment struct {
 	dead    chan struct{}
 	deadErr atomic.Pointer[error]
 	refs    atomic.Int64 // slots handed out and not released
+	// accel says an accelerator is attached and alive, refreshed by the
+	// manager every check, so Acquire refuses work nobody would run without
+	// a syscall per request.
+	accel atomic.Bool
 	retired atomic.Bool
 	once    sync.Once
 	stop    context.CancelFunc
@@ -156,6 +160,12 @@ func (b *Backend) attach(ctx context.Context) (*attachment, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A generation whose accelerator died is being replaced: claiming a
+	// lane in it would only fail again.
+	if err := seg.PeersAlive(); err != nil {
+		seg.Close()
+		return nil, err
+	}
 	lane, err := seg.ClaimLane(os.Getpid())
 	if err != nil {
 		seg.Close()
@@ -171,6 +181,7 @@ func (b *Backend) attach(ctx context.Context) (*attachment, error) {
 	a.loops.Add(2)
 	go func() { defer a.loops.Done(); _ = lane.Heartbeat(actx, 0) }()
 	go func() { defer a.loops.Done(); a.readCompletions(actx) }()
+	a.accel.Store(seg.AcceleratorAlive(0) == nil)
 	return a, nil
 }
 
@@ -206,8 +217,16 @@ func (b *Backend) manage(ctx context.Context) {
 			a.retire()
 			continue
 		default:
+			a.accel.Store(a.seg.AcceleratorAlive(0) == nil)
 			if b.replaced(a) {
 				na, err := b.attach(ctx)
+				if err == nil && !na.accel.Load() {
+					// Switch only once the new generation can run
+					// requests; until then the old one serves, or
+					// requests wait in move.
+					na.retire()
+					err = errors.New("no accelerator attached yet")
+				}
 				if err == nil {
 					b.cur.Store(na)
 					b.log.Info("switched generation", "from", a.seg.Generation(), "to", na.seg.Generation())
@@ -360,6 +379,9 @@ func (b *Backend) Acquire(ctx context.Context, n int) (frontend.Slot, error) {
 		if a == nil || a.isDead() || a.retired.Load() {
 			return nil, fmt.Errorf("shmbackend: no live generation: %w", frontend.ErrUnavailable)
 		}
+		if !a.accel.Load() {
+			return nil, fmt.Errorf("shmbackend: no accelerator attached to generation %d: %w", a.seg.Generation(), frontend.ErrUnavailable)
+		}
 		if a.refs.Add(1) < 0 {
 			a.refs.Add(-1)
 			return nil, fmt.Errorf("shmbackend: generation closed: %w", frontend.ErrUnavailable)
@@ -463,7 +485,7 @@ func (h *slotHandle) move(ctx context.Context, tc frontend.TraceContext) ([]floa
 	b := h.a.b
 	deadline := time.Now().Add(moveWait)
 	for {
-		if na := b.cur.Load(); na != nil && na != h.a && !na.isDead() && !na.retired.Load() {
+		if na := b.cur.Load(); na != nil && na != h.a && !na.isDead() && !na.retired.Load() && na.accel.Load() {
 			break
 		}
 		if time.Now().After(deadline) {
