@@ -120,7 +120,7 @@ type attachment struct {
 	// accel says an accelerator is attached and alive, refreshed by the
 	// manager every check, so Acquire refuses work nobody would run without
 	// a syscall per request.
-	accel atomic.Bool
+	accel   atomic.Bool
 	retired atomic.Bool
 	once    sync.Once
 	stop    context.CancelFunc
