@@ -69,6 +69,10 @@ type Options struct {
 	Args []string
 	// Env is added to this process's environment.
 	Env []string
+	// Prefix, when set, is a command the interpreter runs under, for
+	// example {"taskset", "-c", "0-7"} to pin the arm; it must exec the
+	// interpreter (as taskset does), so the PID stays the server's.
+	Prefix []string
 	// Log receives the server's stderr (discarded if nil); the last lines
 	// are also kept for error messages.
 	Log io.Writer
@@ -104,6 +108,9 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	}
 	args = append(args, o.Args...)
 	cmd := exec.Command(o.Python, args...)
+	if len(o.Prefix) > 0 {
+		cmd = exec.Command(o.Prefix[0], append(append(o.Prefix[1:len(o.Prefix):len(o.Prefix)], o.Python), args...)...)
+	}
 	cmd.Env = append(os.Environ(), o.Env...)
 	// Its own process group, so a stop reaches every process of the arm;
 	// and a SIGTERM if we die first, so no server outlives its test. (The

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/recmesh/recmesh/bench/pyarm"
+)
+
+// server is a started arm.
+type server struct {
+	addr string
+	// pid is the root process the monitor watches with its descendants.
+	pid  int
+	stop func() error
+}
+
+// armSpec is an arm name taken apart.
+type armSpec struct {
+	name string
+	// mesh is true for recmesh-<mode>; mode is its --batch-mode.
+	mesh bool
+	mode string
+	// py is "py" or "py-mp" for the Python arms.
+	py string
+}
+
+func parseArm(name string) (armSpec, error) {
+	switch name {
+	case "recmesh-full", "recmesh-model", "recmesh-none":
+		return armSpec{name: name, mesh: true, mode: strings.TrimPrefix(name, "recmesh-")}, nil
+	case "py", "py-mp":
+		return armSpec{name: name, py: name}, nil
+	}
+	return armSpec{}, fmt.Errorf("unknown arm %q (want recmesh-full, recmesh-model, recmesh-none, py or py-mp)", name)
+}
+
+// pinPrefix is the command an arm runs under to be pinned to the server
+// CPUs (nil when not pinning). taskset execs its command, so the arm's PID
+// is the server's own, and children inherit the affinity.
+func (c *config) pinPrefix() ([]string, error) {
+	if c.serverCPUs == "" {
+		return nil, nil
+	}
+	path, err := exec.LookPath("taskset")
+	if err != nil {
+		return nil, fmt.Errorf("pinning the server to %s needs taskset (util-linux): %w", c.serverCPUs, err)
+	}
+	return []string{path, "-c", c.serverCPUs}, nil
+}
+
+// startArm starts spec with n frontends (mesh) or processes (py-mp),
+// logging to logPath, and waits until it serves.
+func (c *config) startArm(ctx context.Context, spec armSpec, n int, logPath string) (*server, error) {
+	prefix, err := c.pinPrefix()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		return nil, fmt.Errorf("arm %s: %w", spec.name, err)
+	}
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("arm %s: %w", spec.name, err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.readyTimeout)
+	defer cancel()
+	var s *server
+	if spec.mesh {
+		s, err = c.startMesh(rctx, spec, n, prefix, logf)
+	} else {
+		s, err = c.startPython(rctx, spec, n, prefix, logf)
+	}
+	if err != nil {
+		logf.Close()
+		return nil, err
+	}
+	stop := s.stop
+	s.stop = func() error {
+		err := stop()
+		logf.Close()
+		return err
+	}
+	return s, nil
+}
+
+func (c *config) startPython(ctx context.Context, spec armSpec, n int, prefix []string, log io.Writer) (*server, error) {
+	o := pyarm.Options{
+		Paths:   pyarm.DefaultPaths(c.root),
+		Mode:    spec.py,
+		Bundle:  c.bundle,
+		Workers: c.pyWorkers,
+		WarmMax: c.warmMax(),
+		Prefix:  prefix,
+		Log:     log,
+	}
+	if spec.py == "py-mp" {
+		o.Processes = n
+	}
+	ps, err := pyarm.Start(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("arm %s: %w", spec.name, err)
+	}
+	return &server{addr: ps.Addr, pid: ps.PID(), stop: func() error { return ps.Stop(30 * time.Second) }}, nil
+}
+
+// warmMax is the largest bucket the Python arms compile before READY: the
+// largest B_req (and the parity check's 128), rounded up to a power of
+// two, so no compilation lands in a measured window.
+func (c *config) warmMax() int {
+	m := 128
+	for _, b := range append([]int{c.memBatch}, c.batches...) {
+		m = max(m, b)
+	}
+	w := 1
+	for w < m {
+		w *= 2
+	}
+	return w
+}
+
+// freePort asks the kernel for a free loopback port. The mesh's
+// frontends share a port with SO_REUSEPORT and need it named up front; the
+// small race until they bind is harmless on a benchmark machine.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (c *config) startMesh(ctx context.Context, spec armSpec, n int, prefix []string, log io.Writer) (*server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{filepath.Join(c.bin, "recmesh"), "run", "--bundle", c.bundle, "--bin-dir", c.bin,
+		"--frontends", strconv.Itoa(n), "--port", strconv.Itoa(port), "--batch-mode", spec.mode,
+		// A segment of its own, so a mesh the user runs beside the
+		// benchmark (default segment "recmesh") is left alone.
+		"--segment", fmt.Sprintf("bench-%s-%d", spec.mode, os.Getpid())}
+	args = append(prefix, args...)
+	cmd := exec.Command(args[0], args[1:]...)
+	// Every child of `recmesh run` gets this environment: port 0 gives each
+	// its own free metrics port, so nothing clashes with the fixed
+	// defaults (:9102, :9103, :9110-9125) of a mesh already running.
+	cmd.Env = append(os.Environ(), "RECMESH_METRICS_ADDR=127.0.0.1:0")
+	// Its own process group, so a stop that has to kill reaches the whole
+	// mesh; and SIGTERM if the runner dies first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("arm %s: %w", spec.name, err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("arm %s: start %s: %w", spec.name, args[0], err)
+	}
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	tail := &lastLines{max: 30}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		signalled := false
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(log, line)
+			tail.add(line)
+			if !signalled && strings.HasPrefix(line, "mesh: ready") {
+				signalled = true
+				close(ready)
+			}
+		}
+		io.Copy(io.Discard, out)
+		done <- cmd.Wait()
+		close(done)
+	}()
+	pid := cmd.Process.Pid
+	var waitErr error
+	exited := false
+	stop := func() error {
+		if exited {
+			return waitErr
+		}
+		syscall.Kill(pid, syscall.SIGTERM)
+		select {
+		case waitErr = <-done:
+		case <-time.After(30 * time.Second):
+			syscall.Kill(-pid, syscall.SIGKILL)
+			waitErr = <-done
+			waitErr = errors.Join(fmt.Errorf("arm %s: mesh did not stop within 30 s; killed", spec.name), waitErr)
+		}
+		exited = true
+		// Children that outlived the mesh's own shutdown go too.
+		syscall.Kill(-pid, syscall.SIGKILL)
+		var ee *exec.ExitError
+		if errors.As(waitErr, &ee) && ee.Exited() && ee.ExitCode() == 0 {
+			waitErr = nil
+		}
+		return waitErr
+	}
+	select {
+	case <-ready:
+		return &server{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), pid: pid, stop: stop}, nil
+	case waitErr = <-done:
+		exited = true
+		syscall.Kill(-pid, syscall.SIGKILL)
+		return nil, fmt.Errorf("arm %s: mesh exited before ready (%v); its last lines:\n%s", spec.name, waitErr, tail)
+	case <-ctx.Done():
+		stop()
+		return nil, fmt.Errorf("arm %s: mesh not ready: %w; its last lines:\n%s", spec.name, context.Cause(ctx), tail)
+	}
+}
+
+// lastLines keeps the tail of a log for error messages.
+type lastLines struct {
+	max   int
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *lastLines) add(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, s)
+	if len(l.lines) > l.max {
+		l.lines = l.lines[len(l.lines)-l.max:]
+	}
+}
+
+func (l *lastLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}

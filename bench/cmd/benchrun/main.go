@@ -1,0 +1,607 @@
+// Command benchrun runs the serving benchmark end to end: for each arm
+// (recmesh-full, recmesh-model, recmesh-none, py, py-mp) it starts the
+// server pinned to the server CPUs, checks parity against the plain-Go
+// reference (an arm that fails is not measured), sweeps the closed loop over
+// every request size B_req and client count C, then the open loop at
+// fractions of that arm's own closed-loop peak, with the resource monitor
+// on the arm's process tree over each measured window; it writes one point
+// JSON per configuration under <results>/<arm>/, stops the arm, runs the
+// memory-scaling check (the mesh and py-mp at 1, 2, 4, … frontends or
+// processes), and finally writes <results>/run.json, REPORT.md and its SVG
+// charts, and prints one `bench:` line per arm and B_req.
+//
+// It builds nothing: `make bench` / `make bench-full` build the binaries,
+// the Python venv and the bundle first. The load generator runs in this
+// process, pinned (every thread) to the client CPUs before anything else.
+//
+//	benchrun [flags]          the sweep, then the report
+//	benchrun -report-only     re-render the report from <results>/run.json
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/recmesh/recmesh/bench/cpuset"
+	"github.com/recmesh/recmesh/bench/loadgen"
+	"github.com/recmesh/recmesh/bench/monitor"
+	"github.com/recmesh/recmesh/bench/parity"
+	"github.com/recmesh/recmesh/bench/report"
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/oip"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "benchrun:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	root, bin, bundle, results string
+	arms                       []string
+	batches, clients           []int
+	openFractions              []float64
+	warmup, duration           time.Duration
+	repeats                    int
+	connections                int
+	frontends                  int
+	pyProcesses, pyWorkers     int
+	serverCPUs, clientCPUs     string
+	timeout, readyTimeout      time.Duration
+	parityExamples             int
+
+	memArms                []string
+	memInstances           []int
+	memBatch, memClients   int
+	memWarmup, memDuration time.Duration
+	memBaseMiB, memPerMiB  int
+
+	reportOnly bool
+	out        io.Writer
+}
+
+// defaultCPUs splits the machine between server and load generator: on
+// two CPUs, one each (the server loses half the machine, but the two never
+// compete, which the methodology requires); on more, the load generator
+// gets a quarter (at least one) at the top and the server the rest; on
+// one, nothing is pinned.
+func defaultCPUs(n int) (server, client string) {
+	switch {
+	case n <= 1:
+		return "", ""
+	case n == 2:
+		return "0", "1"
+	}
+	c := max(1, n/4)
+	return fmt.Sprintf("0-%d", n-c-1), fmt.Sprintf("%d-%d", n-c, n-1)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := &config{out: stdout}
+	var arms, batches, clients, fracs, memArms, memInst string
+	defServer, defClient := defaultCPUs(runtime.NumCPU())
+	fs := flag.NewFlagSet("benchrun", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.root, "root", ".", "repository root `dir` (bench/python, .deps)")
+	fs.StringVar(&c.bin, "bin", "bin", "`dir` of recmesh, embedder, accelerator and frontend")
+	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "model bundle `dir`")
+	fs.StringVar(&c.results, "results", "bench/results", "results `dir` (point JSONs per arm, run.json, REPORT.md, SVGs)")
+	fs.StringVar(&arms, "arms", "recmesh-full,recmesh-model,recmesh-none,py,py-mp", "arms to run, comma-separated")
+	fs.StringVar(&batches, "batches", "1,16,128", "request sizes B_req")
+	fs.StringVar(&clients, "clients", "1,4,16,64,256", "closed-loop concurrent clients C")
+	fs.StringVar(&fracs, "open", "0.5,0.8", "open-loop rates as fractions of each arm's closed-loop peak (empty: none)")
+	fs.DurationVar(&c.warmup, "warmup", 5*time.Second, "discarded warm-up before each measured window")
+	fs.DurationVar(&c.duration, "duration", 30*time.Second, "measured window")
+	fs.IntVar(&c.repeats, "repeats", 3, "measured repeats per point (medians are reported)")
+	fs.IntVar(&c.connections, "connections", 64, "persistent gRPC connections per arm, shared by every point")
+	fs.IntVar(&c.frontends, "frontends", 2, "frontend processes of the recmesh arms")
+	fs.IntVar(&c.pyProcesses, "py-processes", 2, "server processes of the py-mp arm")
+	fs.IntVar(&c.pyWorkers, "py-workers", 8, "gRPC worker threads per Python process")
+	fs.StringVar(&c.serverCPUs, "server-cpus", defServer, "CPU `list` every arm is pinned to (empty: not pinned)")
+	fs.StringVar(&c.clientCPUs, "client-cpus", defClient, "CPU `list` the load generator and monitor are pinned to (empty: not pinned)")
+	fs.DurationVar(&c.timeout, "timeout", loadgen.DefaultTimeout, "per-request deadline")
+	fs.DurationVar(&c.readyTimeout, "ready-timeout", 5*time.Minute, "how long an arm may take to start")
+	fs.IntVar(&c.parityExamples, "parity-examples", parity.DefaultExamples, "examples compared by the parity check")
+	fs.StringVar(&memArms, "memory-arms", "recmesh-full,py-mp", "arms of the memory-scaling check (empty: skip it)")
+	fs.StringVar(&memInst, "memory-instances", "1,2,4", "frontend (mesh) or process (py-mp) counts of the memory check")
+	fs.IntVar(&c.memBatch, "memory-batch", 16, "B_req of the memory check's light load")
+	fs.IntVar(&c.memClients, "memory-clients", 4, "C of the memory check's light load")
+	fs.DurationVar(&c.memWarmup, "memory-warmup", time.Second, "memory check: warm-up")
+	fs.DurationVar(&c.memDuration, "memory-duration", 2*time.Second, "memory check: measured window")
+	fs.IntVar(&c.memBaseMiB, "memory-base-mib", 768, "memory check: the mesh's allowance beyond the tables, MiB (embedder, accelerator with XLA, NATS)")
+	fs.IntVar(&c.memPerMiB, "memory-per-frontend-mib", 64, "memory check: the mesh's allowance per frontend, MiB")
+	fs.BoolVar(&c.reportOnly, "report-only", false, "only re-render REPORT.md and the charts from <results>/run.json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if c.reportOnly {
+		r, err := report.Load(c.results)
+		if err != nil {
+			return err
+		}
+		return finish(c, r)
+	}
+	// Pin first, before any goroutine of ours exists; the arms are pinned
+	// separately through taskset.
+	if c.clientCPUs != "" {
+		set, err := cpuset.Parse(c.clientCPUs)
+		if err != nil {
+			return fmt.Errorf("-client-cpus: %w", err)
+		}
+		if err := cpuset.PinProcess(set); err != nil {
+			return fmt.Errorf("-client-cpus: %w", err)
+		}
+	}
+	if c.serverCPUs != "" {
+		if _, err := cpuset.Parse(c.serverCPUs); err != nil {
+			return fmt.Errorf("-server-cpus: %w", err)
+		}
+	}
+	var err error
+	if c.arms, err = splitList(arms); err != nil {
+		return err
+	}
+	for _, a := range c.arms {
+		if _, err := parseArm(a); err != nil {
+			return fmt.Errorf("-arms: %w", err)
+		}
+	}
+	if c.memArms, err = splitList(memArms); err != nil {
+		return err
+	}
+	for _, a := range c.memArms {
+		if s, err := parseArm(a); err != nil || s.py == "py" {
+			return fmt.Errorf("-memory-arms: %q: want a recmesh arm or py-mp", a)
+		}
+	}
+	if c.batches, err = intList("-batches", batches); err != nil {
+		return err
+	}
+	if c.clients, err = intList("-clients", clients); err != nil {
+		return err
+	}
+	if c.memInstances, err = intList("-memory-instances", memInst); err != nil {
+		return err
+	}
+	if c.openFractions, err = floatList("-open", fracs); err != nil {
+		return err
+	}
+	switch {
+	case len(c.batches) == 0 || len(c.clients) == 0:
+		return errors.New("-batches and -clients need at least one value each")
+	case c.repeats < 1 || c.duration <= 0 || c.warmup < 0 || c.connections < 1:
+		return errors.New("want -repeats ≥ 1, -duration > 0, -warmup ≥ 0 and -connections ≥ 1")
+	case c.frontends < 1 || c.pyProcesses < 1 || c.pyWorkers < 1:
+		return errors.New("want -frontends, -py-processes and -py-workers ≥ 1")
+	}
+	for _, p := range []*string{&c.root, &c.bin, &c.bundle, &c.results} {
+		if *p, err = filepath.Abs(*p); err != nil {
+			return err
+		}
+	}
+	return sweep(ctx, c)
+}
+
+func sweep(ctx context.Context, c *config) error {
+	cfg, err := readConfig(c.bundle)
+	if err != nil {
+		return err
+	}
+	r := &report.Run{
+		StartedAt: time.Now().UTC(),
+		Env:       environment(c, cfg),
+		Sweep: report.Sweep{
+			Batches: c.batches, Clients: c.clients, OpenFractions: c.openFractions,
+			WarmupS: c.warmup.Seconds(), DurationS: c.duration.Seconds(), Repeats: c.repeats,
+			Connections: c.connections, Frontends: c.frontends, PyProcesses: c.pyProcesses, PyWorkers: c.pyWorkers,
+		},
+	}
+	// Results of an earlier run of the same arms would mix into the
+	// report; other subdirectories (smoke/, lookup/) are left alone.
+	for _, d := range append(slices.Clone(c.arms), "memory") {
+		if err := os.RemoveAll(filepath.Join(c.results, d)); err != nil {
+			return fmt.Errorf("clean results: %w", err)
+		}
+	}
+	workloads := map[int]*loadgen.Workload{}
+	for _, b := range append(slices.Clone(c.batches), c.memBatch) {
+		if workloads[b] != nil {
+			continue
+		}
+		w, err := loadgen.NewWorkload(cfg, loadgen.WorkloadOptions{BatchSize: b, Seed: 1})
+		if err != nil {
+			return fmt.Errorf("workload B_req %d: %w", b, err)
+		}
+		workloads[b] = w
+	}
+
+	for _, name := range c.arms {
+		spec, _ := parseArm(name)
+		arm := report.Arm{Name: name, Kind: report.KindOf(name), Detail: c.detail(spec, 0)}
+		files, perr, err := c.runArm(ctx, spec, cfg, workloads)
+		arm.Parity = perr
+		r.PointFiles = append(r.PointFiles, files...)
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			arm.Error = err.Error()
+			fmt.Fprintf(c.out, "benchrun: arm %s: %v\n", name, err)
+		}
+		r.Arms = append(r.Arms, arm)
+	}
+	if len(c.memArms) > 0 {
+		r.Memory = c.memoryCheck(ctx, cfg, workloads[c.memBatch])
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	r.FinishedAt = time.Now().UTC()
+	if err := r.WriteManifest(c.results); err != nil {
+		return err
+	}
+	// Reload, so the report is rendered exactly as -report-only would.
+	loaded, err := report.Load(c.results)
+	if err != nil {
+		return err
+	}
+	return finish(c, loaded)
+}
+
+// finish writes the report and prints the summary lines, last.
+func finish(c *config, r *report.Run) error {
+	if err := report.Write(c.results, r); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "benchrun: wrote %s\n", filepath.Join(c.results, report.ReportFile))
+	if r.Memory != nil {
+		_, v := report.MemoryVerdict(r.Memory)
+		fmt.Fprintln(c.out, v)
+	}
+	var arms []string
+	for _, a := range r.Arms {
+		arms = append(arms, a.Name)
+	}
+	for _, l := range report.Lines(r.Points, arms, r.Sweep.Batches) {
+		fmt.Fprintln(c.out, l)
+	}
+	return nil
+}
+
+func (c *config) detail(spec armSpec, n int) string {
+	switch {
+	case spec.mesh:
+		if n == 0 {
+			n = c.frontends
+		}
+		return fmt.Sprintf("recmesh run --batch-mode %s, %d frontends", spec.mode, n)
+	case spec.py == "py-mp":
+		if n == 0 {
+			n = c.pyProcesses
+		}
+		return fmt.Sprintf("server.py --mode py-mp, %d processes × %d gRPC threads", n, c.pyWorkers)
+	}
+	return fmt.Sprintf("server.py --mode py, 1 process × %d gRPC threads", c.pyWorkers)
+}
+
+// runArm starts one arm, checks parity and sweeps it. It returns the point
+// files written (relative to the results directory) and the parity result.
+func (c *config) runArm(ctx context.Context, spec armSpec, cfg model.Config, workloads map[int]*loadgen.Workload) ([]string, *report.Parity, error) {
+	n := c.frontends
+	if spec.py == "py-mp" {
+		n = c.pyProcesses
+	}
+	fmt.Fprintf(c.out, "benchrun: arm %s: starting (%s)\n", spec.name, c.detail(spec, n))
+	srv, err := c.startArm(ctx, spec, n, filepath.Join(c.results, spec.name, "server.log"))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err := srv.stop(); err != nil {
+			fmt.Fprintf(c.out, "benchrun: arm %s: stop: %v\n", spec.name, err)
+		}
+	}()
+	par, err := c.parity(ctx, srv.addr)
+	if err != nil {
+		return nil, par, err
+	}
+	pool, err := dial(ctx, srv.addr, c.connections, c.readyTimeout)
+	if err != nil {
+		return nil, par, fmt.Errorf("arm %s: %w", spec.name, err)
+	}
+	defer pool.Close()
+
+	var files []string
+	for _, b := range c.batches {
+		var peak float64 // requests/s, over error-free closed-loop points
+		for _, cc := range c.clients {
+			rc := loadgen.Config{Mode: loadgen.Closed, Concurrency: cc, Warmup: c.warmup, Duration: c.duration, Timeout: c.timeout}
+			p, err := c.point(ctx, spec.name, report.LabelClosed, srv, pool, workloads[b], rc, c.repeats)
+			if err != nil {
+				return files, par, err
+			}
+			f := filepath.Join(spec.name, fmt.Sprintf("b%d-c%d.json", b, cc))
+			if err := p.WriteFile(filepath.Join(c.results, f)); err != nil {
+				return files, par, err
+			}
+			files = append(files, f)
+			if p.Summary.Errors == 0 {
+				peak = max(peak, p.Summary.RequestsPerS)
+			}
+		}
+		for _, frac := range c.openFractions {
+			if peak <= 0 {
+				fmt.Fprintf(c.out, "benchrun: arm %s B_req %d: no error-free closed-loop point, no open loop\n", spec.name, b)
+				break
+			}
+			rc := loadgen.Config{Mode: loadgen.Open, Rate: frac * peak, Warmup: c.warmup, Duration: c.duration, Timeout: c.timeout}
+			p, err := c.point(ctx, spec.name, report.OpenLabel(frac), srv, pool, workloads[b], rc, c.repeats)
+			if err != nil {
+				return files, par, err
+			}
+			f := filepath.Join(spec.name, fmt.Sprintf("b%d-%s.json", b, report.OpenLabel(frac)))
+			if err := p.WriteFile(filepath.Join(c.results, f)); err != nil {
+				return files, par, err
+			}
+			files = append(files, f)
+		}
+	}
+	return files, par, nil
+}
+
+// parity compares the arm's scores with the plain-Go reference. The
+// bundle is opened for the check only, so the runner does not hold the
+// tables while the arm is measured.
+func (c *config) parity(ctx context.Context, addr string) (*report.Parity, error) {
+	b, err := model.Open(c.bundle)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	ref, err := model.NewReference(b)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := dial(ctx, addr, 1, c.readyTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("parity: %w", err)
+	}
+	defer pool.Close()
+	res, err := parity.Check(ctx, pool.Client(0), b.Config, ref, parity.Options{Examples: c.parityExamples})
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(c.out, "benchrun:   %s\n", res)
+	p := &report.Parity{Pass: res.Pass, MaxAbsDiff: res.MaxAbsDiff, Tolerance: res.Tolerance, Examples: res.Examples}
+	if !res.Pass {
+		return p, fmt.Errorf("parity failed (max|Δ| %.3g > %.3g): not measured", res.MaxAbsDiff, res.Tolerance)
+	}
+	return p, nil
+}
+
+func dial(ctx context.Context, addr string, n int, timeout time.Duration) (*oip.Pool, error) {
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	pool, err := oip.Dial(rctx, addr, n)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.WaitReady(rctx, oip.DefaultModelName); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// point measures one configuration: repeats of warm-up plus window, the
+// monitor on the arm's process tree over each window.
+func (c *config) point(ctx context.Context, arm, label string, srv *server, pool *oip.Pool, w *loadgen.Workload,
+	rc loadgen.Config, repeats int) (*loadgen.Point, error) {
+	host, _ := os.Hostname()
+	p := &loadgen.Point{
+		Schema: loadgen.PointSchema, Arm: arm, Label: label,
+		Target: srv.addr, Model: oip.DefaultModelName, Mode: rc.Mode, BatchSize: w.BatchSize,
+		Connections: pool.Len(), WarmupS: rc.Warmup.Seconds(), DurationS: rc.Duration.Seconds(), TimeoutS: rc.Timeout.Seconds(),
+		Repeats: repeats, PoolRequests: len(w.Requests), RequestBytes: w.RequestBytes, SparseType: w.SparseType, Seed: 1,
+		Bundle: c.bundle, ClientCPUs: c.clientCPUs, GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
+		Host: host, StartedAt: time.Now().UTC(), MonitorPIDs: []int{srv.pid},
+	}
+	if rc.Mode == loadgen.Closed {
+		p.Concurrency = rc.Concurrency
+	} else {
+		rc.MaxOutstanding = loadgen.DefaultMaxOutstanding
+		p.RateRPS, p.MaxOutstanding = rc.Rate, rc.MaxOutstanding
+	}
+	for i := range repeats {
+		rc.Seed = 1 + uint64(i)
+		rec, err := measure(ctx, pool, w, rc, srv.pid)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s B_req %d: %w", arm, label, w.BatchSize, err)
+		}
+		rec.Repeat = i + 1
+		p.Runs = append(p.Runs, rec)
+	}
+	p.Summarize()
+	s := p.Summary
+	load := fmt.Sprintf("C=%d", p.Concurrency)
+	if rc.Mode == loadgen.Open {
+		load = fmt.Sprintf("%s rate=%.0f/s", label, p.RateRPS)
+	}
+	fmt.Fprintf(c.out, "benchrun:   %s B_req=%d %s: %.0f examples/s, p50 %.2f p99 %.2f ms, %d errors, server %.2f cores %.3f CPU-s/1k, RSS %.0f MiB\n",
+		arm, p.BatchSize, load, s.ExamplesPerS, s.P50Ms, s.P99Ms, s.Errors, s.ServerCPUCores, s.ServerCPUSPer1kExamples, float64(s.ServerPeakRSSBytes)/(1<<20))
+	return p, nil
+}
+
+// measure runs one repeat with the monitor over exactly its window.
+func measure(ctx context.Context, pool *oip.Pool, w *loadgen.Workload, rc loadgen.Config, pid int) (loadgen.RunRecord, error) {
+	var (
+		mon    *monitor.Monitor
+		rep    *monitor.Report
+		monErr error
+	)
+	hooks := loadgen.Hooks{
+		WindowStart: func() {
+			mon, monErr = monitor.Start(monitor.Options{PIDs: []int{pid}, Descendants: true})
+		},
+		WindowEnd: func() {
+			if mon != nil {
+				rep, monErr = mon.Stop()
+			}
+		},
+	}
+	res, err := loadgen.Run(ctx, pool, w, rc, hooks)
+	if err != nil {
+		return loadgen.RunRecord{}, err
+	}
+	if monErr != nil {
+		return loadgen.RunRecord{}, fmt.Errorf("monitor: %w", monErr)
+	}
+	if rep != nil {
+		rep.SetExamples(res.CompletedInWindow * int64(w.BatchSize))
+	}
+	return loadgen.RunRecord{Result: res, Monitor: rep}, nil
+}
+
+// memoryCheck starts each memory arm at each instance count, checks
+// parity, drives it lightly and records its peak PSS and RSS.
+func (c *config) memoryCheck(ctx context.Context, cfg model.Config, w *loadgen.Workload) *report.MemoryCheck {
+	m := &report.MemoryCheck{
+		TableBytes: tableBytes(cfg), BaseBytes: int64(c.memBaseMiB) << 20, PerInstanceBytes: int64(c.memPerMiB) << 20,
+		BatchSize: c.memBatch, Concurrency: c.memClients,
+	}
+	for _, name := range c.memArms {
+		spec, _ := parseArm(name)
+		for _, n := range c.memInstances {
+			if ctx.Err() != nil {
+				return m
+			}
+			row := report.MemoryRow{Arm: name, Kind: report.KindOf(name), Instances: n}
+			p, par, err := c.memoryPoint(ctx, spec, n, w)
+			row.Parity = par
+			if err != nil {
+				row.Error = err.Error()
+				fmt.Fprintf(c.out, "benchrun: memory %s × %d: %v\n", name, n, err)
+			} else {
+				row.PSSBytes, row.RSSBytes = p.Summary.ServerPeakPSSBytes, p.Summary.ServerPeakRSSBytes
+			}
+			m.Rows = append(m.Rows, row)
+		}
+	}
+	return m
+}
+
+func (c *config) memoryPoint(ctx context.Context, spec armSpec, n int, w *loadgen.Workload) (*loadgen.Point, *report.Parity, error) {
+	fmt.Fprintf(c.out, "benchrun: memory check: %s\n", c.detail(spec, n))
+	dir := filepath.Join(c.results, "memory")
+	srv, err := c.startArm(ctx, spec, n, filepath.Join(dir, fmt.Sprintf("%s-n%d.log", spec.name, n)))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer srv.stop()
+	par, err := c.parity(ctx, srv.addr)
+	if err != nil {
+		return nil, par, err
+	}
+	pool, err := dial(ctx, srv.addr, min(c.memClients, c.connections), c.readyTimeout)
+	if err != nil {
+		return nil, par, err
+	}
+	defer pool.Close()
+	rc := loadgen.Config{Mode: loadgen.Closed, Concurrency: c.memClients, Warmup: c.memWarmup, Duration: c.memDuration, Timeout: c.timeout}
+	p, err := c.point(ctx, spec.name, report.LabelMemory, srv, pool, w, rc, 1)
+	if err != nil {
+		return nil, par, err
+	}
+	if err := p.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-n%d.json", spec.name, n))); err != nil {
+		return nil, par, err
+	}
+	return p, par, nil
+}
+
+// tableBytes is the size of the float32 embedding tables.
+func tableBytes(cfg model.Config) int64 {
+	var rows int64
+	for _, v := range cfg.VocabSizes {
+		rows += int64(v)
+	}
+	return rows * int64(cfg.EmbeddingDim) * 4
+}
+
+// readConfig reads the bundle's config.json (the weights are opened only
+// for parity).
+func readConfig(bundle string) (model.Config, error) {
+	path := filepath.Join(bundle, model.ConfigFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return model.Config{}, fmt.Errorf("model config: %w (make exports the bundle)", err)
+	}
+	var cfg model.Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return model.Config{}, fmt.Errorf("model config %s: %w", path, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return model.Config{}, fmt.Errorf("model config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+func splitList(s string) ([]string, error) {
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out, nil
+}
+
+func intList(name, s string) ([]int, error) {
+	fs, _ := splitList(s)
+	var out []int
+	for _, f := range fs {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%s: bad value %q, want integers ≥ 1", name, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func floatList(name, s string) ([]float64, error) {
+	fs, _ := splitList(s)
+	var out []float64
+	for _, f := range fs {
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil || !(v > 0) || v > 1.5 {
+			return nil, fmt.Errorf("%s: bad fraction %q, want 0 < f ≤ 1.5", name, f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
