@@ -151,13 +151,29 @@ func newCluster(t *testing.T, mode string) *cluster {
 	return c
 }
 
+// handedOut remembers every port freePort gave: a process may not have
+// bound its port yet when the next one is asked for, and the kernel would
+// happily offer the same free port twice.
+var (
+	portsMu   sync.Mutex
+	handedOut = map[int]bool{}
+)
+
 func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !handedOut[p] {
+			handedOut[p] = true
+			return p
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func (c *cluster) addr() string { return "127.0.0.1:" + strconv.Itoa(c.port) }
