@@ -288,13 +288,17 @@ func (e *Embedder) Run(ctx context.Context) error {
 				continue
 			}
 			_ = g.seg.Close()
+			// Remove deletes the file only while it is still this
+			// generation's, never a newer one that replaced it.
 			if !errors.Is(end.err, errAcceleratorGone) {
+				_ = g.seg.Remove()
 				e.Store().Close()
 				return end.err
 			}
 			e.log.Warn("accelerator died; starting a new generation", "generation", g.seg.Generation())
 			select {
 			case <-ctx.Done():
+				_ = g.seg.Remove()
 				e.Store().Close()
 				return nil
 			case <-time.After(regenerateBackof):
