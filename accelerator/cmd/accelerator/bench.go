@@ -19,20 +19,15 @@ func runBench(ctx context.Context, args []string) error {
 	var c commonFlags
 	c.register(fs)
 	perBucket := fs.Duration("duration", 500*time.Millisecond, "measured time per bucket")
-	if err := fs.Parse(args); err != nil {
+	if err := c.parse(fs, args); err != nil {
 		return err
 	}
-	if err := c.validate(); err != nil {
-		return err
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	ex, rt, bundle, err := load(ctx, c, log)
+	l, err := load(ctx, c, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	if err != nil {
 		return err
 	}
-	defer bundle.Close()
-	defer rt.Close()
-	defer ex.Close()
+	defer l.Close()
+	ex, rt := l.ex, l.rt
 	fmt.Printf("model: cpu=%q cores=%d plugin=%s api=%s compile_s=%.2f\n",
 		cpuModel(), runtime.NumCPU(), rt.PluginFile(), rt.APIVersion(), ex.CompileTime.Seconds())
 	in, err := ex.NewHostInputs(ex.MaxBucket())

@@ -1,33 +1,17 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
-	"strconv"
+
+	"github.com/recmesh/recmesh/accelerator/device"
+	"github.com/recmesh/recmesh/accelerator/executor"
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
-
-// envString and envInt give every flag an environment twin: the flag's
-// default is the variable's value when set.
-func envString(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-	return def
-}
-
-func envInt(fs *flag.FlagSet, name string, def int) int {
-	v, ok := os.LookupEnv(name)
-	if !ok {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		fmt.Fprintf(fs.Output(), "%s=%q is not an integer; using %d\n", name, v, def)
-		return def
-	}
-	return n
-}
 
 // commonFlags are shared by every subcommand that loads the model.
 type commonFlags struct {
@@ -37,9 +21,22 @@ type commonFlags struct {
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.bundle, "bundle", envString("RECMESH_BUNDLE", "data/dlrm-cap1000"), "model bundle directory (env RECMESH_BUNDLE)")
-	fs.StringVar(&c.plugin, "pjrt-plugin", envString("RECMESH_PJRT_PLUGIN", ""), "PJRT plugin .so path or name; default: PJRT_PLUGIN_LIBRARY_PATH, then .deps/pjrt (env RECMESH_PJRT_PLUGIN)")
-	fs.IntVar(&c.maxBatch, "max-batch", envInt(fs, "RECMESH_MAX_BATCH", 4096), "largest batch bucket (env RECMESH_MAX_BATCH)")
+	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "model bundle directory")
+	fs.StringVar(&c.plugin, "pjrt-plugin", "", "PJRT plugin .so path or name; default: PJRT_PLUGIN_LIBRARY_PATH, then .deps/pjrt")
+	fs.IntVar(&c.maxBatch, "max-batch", executor.DefaultMaxBatch, "largest batch bucket")
+	fs.Usage = func() { flagenv.Usage(fs) }
+}
+
+// parse reads the command line, then the environment twins (RECMESH_<FLAG>;
+// a malformed value is an error naming the variable), then checks c.
+func (c *commonFlags) parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := flagenv.Apply(fs, os.Getenv); err != nil {
+		return err
+	}
+	return c.validate()
 }
 
 func (c *commonFlags) validate() error {
@@ -50,4 +47,37 @@ func (c *commonFlags) validate() error {
 		return fmt.Errorf("--bundle is empty: give a bundle directory (make run exports data/dlrm-cap1000)")
 	}
 	return nil
+}
+
+// loaded is the model compiled for a one-shot subcommand (parity, bench).
+type loaded struct {
+	ex     *executor.Executor
+	rt     *device.Runtime
+	bundle *model.Bundle
+}
+
+// load opens the bundle and the plugin and compiles every bucket.
+func load(ctx context.Context, c commonFlags, log *slog.Logger) (*loaded, error) {
+	bundle, err := model.Open(c.bundle)
+	if err != nil {
+		return nil, err
+	}
+	rt, err := device.Open(c.plugin, log)
+	if err != nil {
+		bundle.Close()
+		return nil, err
+	}
+	ex, err := executor.New(ctx, rt, bundle, executor.Options{MaxBatch: c.maxBatch, Log: log})
+	if err != nil {
+		rt.Close()
+		bundle.Close()
+		return nil, err
+	}
+	return &loaded{ex: ex, rt: rt, bundle: bundle}, nil
+}
+
+func (l *loaded) Close() {
+	l.ex.Close()
+	l.rt.Close()
+	l.bundle.Close()
 }

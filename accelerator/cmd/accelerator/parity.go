@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/recmesh/recmesh/accelerator/device"
-	"github.com/recmesh/recmesh/accelerator/executor"
 	"github.com/recmesh/recmesh/accelerator/parity"
 	"github.com/recmesh/recmesh/model"
 )
@@ -22,21 +20,16 @@ func runParity(ctx context.Context, args []string) error {
 	var c commonFlags
 	c.register(fs)
 	seed := fs.Uint64("seed", 7, "input seed")
-	if err := fs.Parse(args); err != nil {
+	if err := c.parse(fs, args); err != nil {
 		return err
 	}
-	if err := c.validate(); err != nil {
-		return err
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	ex, rt, bundle, err := load(ctx, c, log)
+	l, err := load(ctx, c, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	if err != nil {
 		return err
 	}
-	defer bundle.Close()
-	defer rt.Close()
-	defer ex.Close()
-	ref, err := model.NewReference(bundle)
+	defer l.Close()
+	ex, rt := l.ex, l.rt
+	ref, err := model.NewReference(l.bundle)
 	if err != nil {
 		return err
 	}
@@ -62,24 +55,4 @@ func runParity(ctx context.Context, args []string) error {
 	fmt.Printf("parity ok: backend=pjrt plugin=%s api=%s buckets=%d max_abs_diff=%.3g\n",
 		rt.PluginFile(), rt.APIVersion(), len(ex.Buckets()), worst)
 	return nil
-}
-
-// load opens the bundle and the plugin and compiles every bucket.
-func load(ctx context.Context, c commonFlags, log *slog.Logger) (*executor.Executor, *device.Runtime, *model.Bundle, error) {
-	bundle, err := model.Open(c.bundle)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	rt, err := device.Open(c.plugin, log)
-	if err != nil {
-		bundle.Close()
-		return nil, nil, nil, err
-	}
-	ex, err := executor.New(ctx, rt, bundle, executor.Options{MaxBatch: c.maxBatch, Log: log})
-	if err != nil {
-		rt.Close()
-		bundle.Close()
-		return nil, nil, nil, err
-	}
-	return ex, rt, bundle, nil
 }

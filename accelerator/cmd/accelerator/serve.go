@@ -13,7 +13,6 @@ import (
 	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"
 	"github.com/recmesh/recmesh/telemetry"
-	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
 
 // version is set at link time (-ldflags -X main.version=...).
@@ -27,14 +26,7 @@ func runServe(ctx context.Context, args []string) error {
 	segment := fs.String("segment", server.DefaultSegment, "segment file name")
 	metricsAddr := fs.String("metrics-addr", ":9103", "address of /metrics and /healthz (empty: off)")
 	natsURL := fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: none)")
-	fs.Usage = func() { flagenv.Usage(fs) }
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := flagenv.Apply(fs, os.Getenv); err != nil {
-		return err
-	}
-	if err := c.validate(); err != nil {
+	if err := c.parse(fs, args); err != nil {
 		return err
 	}
 	if *natsURL == "" {
