@@ -241,7 +241,7 @@ func TestExportCanceled(t *testing.T) {
 
 func TestExportRefusesBadConfig(t *testing.T) {
 	cfg := DLRMv2(DevVocabCap)
-	cfg.CrossRank = 8
+	cfg.CrossRank = 0
 	err := Export(context.Background(), filepath.Join(t.TempDir(), "b"), cfg, 1, nil)
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("export of an invalid config: %v", err)
@@ -335,6 +335,13 @@ func TestOpenRefusesCorruptBundles(t *testing.T) {
 				return bytes.Replace(r.config, []byte(`"num_dense": 13`), []byte(`"num_dense": 12`), 1), r.weights(t, 0)
 			},
 			want: ErrInvalidConfig, msg: []string{ConfigFile, "num_dense is 12"},
+		},
+		{
+			name: "config shape disagrees with the weights",
+			edit: func(r rawBundle) ([]byte, []byte) {
+				return bytes.Replace(r.config, []byte(`"cross_rank": 512`), []byte(`"cross_rank": 8`), 1), r.weights(t, 0)
+			},
+			want: ErrMismatch, msg: []string{`"cross.0.v" has shape [3456 512], want [3456 8]`},
 		},
 		{
 			name: "missing model.safetensors",

@@ -9,7 +9,11 @@ import (
 	"fmt"
 )
 
-// The MLPerf DLRMv2 (DCNv2) architecture.
+// The input layout every recmesh process is written for: the MLPerf DLRMv2
+// (DCNv2) tables, hotness and feature widths. The dense network behind it
+// (bottom_mlp, top_mlp, cross_layers, cross_rank) is read from each
+// bundle's config.json; NumCrossLayers, CrossRank, BottomMLP and TopMLP
+// below are the MLPerf values, the "mlperf" preset.
 const (
 	// NumDense is the number of dense float32 features per example.
 	NumDense = 13
@@ -17,15 +21,31 @@ const (
 	NumTables = 26
 	// EmbeddingDim is the width of every embedding row.
 	EmbeddingDim = 128
-	// NumCrossLayers is the number of low-rank DCNv2 cross layers.
+	// NumCrossLayers is the number of low-rank DCNv2 cross layers of the
+	// MLPerf model.
 	NumCrossLayers = 3
-	// CrossRank is the rank of each cross layer's U·V factorisation.
+	// CrossRank is the rank of each cross layer's U·V factorisation in the
+	// MLPerf model.
 	CrossRank = 512
 	// DevVocabCap is the max_vocab_size of the small default bundle used by
 	// `make run` and the tests.
 	DevVocabCap = 1000
 	// BenchVocabCap gives the 3.2 GB bundle of the headline benchmark.
 	BenchVocabCap = 850000
+)
+
+// Bounds Validate puts on the dense network, so a mistyped config.json is
+// refused rather than allocating gigabytes.
+const (
+	// MaxLayerWidth bounds every MLP width and the cross rank.
+	MaxLayerWidth = 65536
+	// MaxMLPLayers bounds the number of layers of each MLP.
+	MaxMLPLayers = 64
+	// MaxCrossLayers bounds cross_layers.
+	MaxCrossLayers = 64
+	// MaxDenseParams bounds the number of float32 values of all dense
+	// parameters together (4 GiB); the MLPerf network has about 16 million.
+	MaxDenseParams = 1 << 30
 )
 
 // FullVocabSizes are the uncapped MLPerf DLRMv2 vocabulary sizes.
@@ -40,7 +60,8 @@ var Hotness = [NumTables]int{
 	3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
 }
 
-// BottomMLP and TopMLP are the output widths of each dense layer.
+// BottomMLP and TopMLP are the output widths of each dense layer of the
+// MLPerf model.
 var (
 	BottomMLP = []int{512, 256, 128}
 	TopMLP    = []int{1024, 1024, 512, 256, 1}
@@ -69,8 +90,8 @@ type Config struct {
 	Seed uint64 `json:"seed"`
 }
 
-// DLRMv2 returns the MLPerf DLRMv2 configuration with every vocabulary
-// capped at maxVocab (0 or negative means uncapped).
+// DLRMv2 returns the MLPerf DLRMv2 configuration (the "mlperf" preset) with
+// every vocabulary capped at maxVocab (0 or negative means uncapped).
 func DLRMv2(maxVocab int) Config {
 	vocab := make([]int, NumTables)
 	for i, v := range FullVocabSizes {
@@ -99,55 +120,122 @@ func DLRMv2(maxVocab int) Config {
 // ErrInvalidConfig is wrapped by every Validate failure.
 var ErrInvalidConfig = errors.New("invalid model config")
 
-// Validate checks that the configuration is one recmesh can serve: the
-// serving paths are written for the DLRMv2 input layout, so the table count,
-// hotness and widths must match it; vocabulary sizes and the seed may vary.
+// A FieldError is a Validate failure: the config.json field at fault and
+// what is wrong with it. It wraps ErrInvalidConfig.
+type FieldError struct {
+	// Field is the JSON name of the field ("bottom_mlp", "cross_rank", …);
+	// FieldDense when the dense network is too big as a whole.
+	Field string
+	// Msg says what is wrong, naming the field.
+	Msg string
+}
+
+// FieldDense is the FieldError.Field of a dense network whose widths are
+// each acceptable but which has too many parameters in all.
+const FieldDense = "dense network"
+
+func (e *FieldError) Error() string { return ErrInvalidConfig.Error() + ": " + e.Msg }
+
+// Unwrap makes errors.Is(err, ErrInvalidConfig) hold.
+func (e *FieldError) Unwrap() error { return ErrInvalidConfig }
+
+// Validate checks that the configuration is one recmesh can serve. The
+// serving paths are written for the DLRMv2 input layout, so num_dense,
+// embedding_dim, the table count and the hotness must match it; vocabulary
+// sizes may be capped. The dense network may take any consistent shape:
+//
+//   - bottom_mlp: 1..MaxMLPLayers widths, each 1..MaxLayerWidth, the last
+//     equal to embedding_dim (its output is concatenated with the pooled
+//     embeddings);
+//   - top_mlp: 1..MaxMLPLayers widths, each 1..MaxLayerWidth, the last 1
+//     (the logit);
+//   - cross_layers: 0..MaxCrossLayers (0 feeds x0 straight to the top MLP);
+//   - cross_rank: 1..MaxLayerWidth when cross_layers > 0; with no cross
+//     layers it is unused and may be 0..MaxLayerWidth;
+//   - all dense parameters together at most MaxDenseParams values.
+//
+// Every refusal is a *FieldError, wraps ErrInvalidConfig and names the
+// config.json field.
 func (c Config) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	bad := func(field, format string, args ...any) error {
+		return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
 	if c.NumDense != NumDense {
-		return bad("num_dense is %d, want %d", c.NumDense, NumDense)
+		return bad("num_dense", "num_dense is %d, want %d", c.NumDense, NumDense)
 	}
 	if c.EmbeddingDim != EmbeddingDim {
-		return bad("embedding_dim is %d, want %d", c.EmbeddingDim, EmbeddingDim)
+		return bad("embedding_dim", "embedding_dim is %d, want %d", c.EmbeddingDim, EmbeddingDim)
 	}
 	if len(c.VocabSizes) != NumTables {
-		return bad("vocab_sizes has %d tables, want %d", len(c.VocabSizes), NumTables)
+		return bad("vocab_sizes", "vocab_sizes has %d tables, want %d", len(c.VocabSizes), NumTables)
 	}
 	if len(c.Hotness) != NumTables {
-		return bad("hotness has %d tables, want %d", len(c.Hotness), NumTables)
+		return bad("hotness", "hotness has %d tables, want %d", len(c.Hotness), NumTables)
 	}
 	for i, v := range c.VocabSizes {
 		if v <= 0 || v > FullVocabSizes[i] {
-			return bad("vocab_sizes[%d] is %d, want 1..%d", i, v, FullVocabSizes[i])
+			return bad("vocab_sizes", "vocab_sizes[%d] is %d, want 1..%d", i, v, FullVocabSizes[i])
 		}
 		if c.Hotness[i] != Hotness[i] {
-			return bad("hotness[%d] is %d, want %d", i, c.Hotness[i], Hotness[i])
+			return bad("hotness", "hotness[%d] is %d, want %d", i, c.Hotness[i], Hotness[i])
 		}
 	}
-	if !equalInts(c.BottomMLP, BottomMLP) {
-		return bad("bottom_mlp is %v, want %v", c.BottomMLP, BottomMLP)
+	if err := checkMLP("bottom_mlp", c.BottomMLP, c.EmbeddingDim, "embedding_dim"); err != nil {
+		return err
 	}
-	if !equalInts(c.TopMLP, TopMLP) {
-		return bad("top_mlp is %v, want %v", c.TopMLP, TopMLP)
+	if err := checkMLP("top_mlp", c.TopMLP, 1, "the single logit"); err != nil {
+		return err
 	}
-	if c.CrossLayers != NumCrossLayers || c.CrossRank != CrossRank {
-		return bad("cross layers %d rank %d, want %d rank %d", c.CrossLayers, c.CrossRank, NumCrossLayers, CrossRank)
+	if c.CrossLayers < 0 || c.CrossLayers > MaxCrossLayers {
+		return bad("cross_layers", "cross_layers is %d, want 0..%d", c.CrossLayers, MaxCrossLayers)
+	}
+	switch {
+	case c.CrossLayers > 0 && (c.CrossRank < 1 || c.CrossRank > MaxLayerWidth):
+		return bad("cross_rank", "cross_rank is %d, want 1..%d with %d cross layers", c.CrossRank, MaxLayerWidth, c.CrossLayers)
+	case c.CrossLayers == 0 && (c.CrossRank < 0 || c.CrossRank > MaxLayerWidth):
+		return bad("cross_rank", "cross_rank is %d, want 0..%d (unused: cross_layers is 0)", c.CrossRank, MaxLayerWidth)
+	}
+	if n := c.DenseParamCount(); n > MaxDenseParams {
+		return bad(FieldDense, "bottom_mlp, cross_layers, cross_rank and top_mlp give %d dense parameters, want at most %d", n, MaxDenseParams)
 	}
 	return nil
 }
 
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
+// checkMLP validates one MLP's widths: 1..MaxMLPLayers layers, each width
+// 1..MaxLayerWidth, the last equal to last (described by lastWhat).
+func checkMLP(field string, widths []int, last int, lastWhat string) error {
+	if len(widths) == 0 || len(widths) > MaxMLPLayers {
+		return &FieldError{field, fmt.Sprintf("%s has %d layers, want 1..%d", field, len(widths), MaxMLPLayers)}
 	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
+	for i, w := range widths {
+		if w < 1 || w > MaxLayerWidth {
+			return &FieldError{field, fmt.Sprintf("%s[%d] is %d, want 1..%d", field, i, w, MaxLayerWidth)}
 		}
 	}
-	return true
+	if n := len(widths); widths[n-1] != last {
+		return &FieldError{field, fmt.Sprintf("%s ends at width %d (%s[%d]), want %d (%s)", field, widths[n-1], field, n-1, last, lastWhat)}
+	}
+	return nil
+}
+
+// DenseParamCount is the number of float32 values of every dense parameter
+// (the MLPs and the cross layers), computed without overflow for any
+// config whose widths Validate's per-field bounds accept.
+func (c Config) DenseParamCount() int64 {
+	var n int64
+	in := int64(c.NumDense)
+	for _, out := range c.BottomMLP {
+		n += in*int64(out) + int64(out)
+		in = int64(out)
+	}
+	d := int64(c.InteractionDim())
+	n += int64(max(c.CrossLayers, 0)) * (2*d*int64(max(c.CrossRank, 0)) + d)
+	in = d
+	for _, out := range c.TopMLP {
+		n += in*int64(out) + int64(out)
+		in = int64(out)
+	}
+	return n
 }
 
 // SparseWidth is the number of ids per example: the sum of the hotness.

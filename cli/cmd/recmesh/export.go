@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/recmesh/recmesh/cli/internal/progress"
@@ -16,6 +20,7 @@ const (
 	defaultExportMaxVocab = model.DevVocabCap
 	defaultExportSeed     = 1
 	defaultExportOut      = "data/dlrm-cap1000"
+	defaultExportPreset   = model.PresetMLPerf
 )
 
 func init() {
@@ -26,12 +31,30 @@ func init() {
 	})
 }
 
+// The flags that override a preset's dense network, by the config.json
+// field each sets (so a Validate refusal can name the flag).
+var shapeFlags = map[string]string{
+	"bottom_mlp":   "bottom-mlp",
+	"top_mlp":      "top-mlp",
+	"cross_layers": "cross-layers",
+	"cross_rank":   "cross-rank",
+}
+
 func runExport(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("export", flag.ContinueOnError)
 	maxVocab := fs.Int("max-vocab", defaultExportMaxVocab,
 		"cap on every embedding table's `rows`; 0 means uncapped (about 104 GB)")
 	seed := fs.Uint64("seed", defaultExportSeed, "`seed` the weights are drawn from")
 	out := fs.String("out", defaultExportOut, "bundle `directory` to write (replaced if it holds a bundle)")
+	preset := fs.String("preset", defaultExportPreset,
+		"dense network to start from: `name` mlperf (the MLPerf DLRMv2 model) or hostbound\n"+
+			"(the same tables and ids, the smallest dense network: bottom 128, no cross layers, top 1)")
+	var bottom, top widthsFlag
+	var layers, rank optionalInt
+	fs.Var(&bottom, "bottom-mlp", "bottom MLP output `widths`, comma-separated, the last 128 (default: the preset's)")
+	fs.Var(&top, "top-mlp", "top MLP output `widths`, comma-separated, the last 1 (default: the preset's)")
+	fs.Var(&layers, "cross-layers", "`number` of DCNv2 cross layers, 0 or more (default: the preset's)")
+	fs.Var(&rank, "cross-rank", "`rank` of each cross layer (default: the preset's; unused with 0 cross layers)")
 	if err := parseFlags(fs, args, e); err != nil {
 		return err
 	}
@@ -42,14 +65,54 @@ func runExport(ctx context.Context, e *env, args []string) error {
 		return usagef("-out is empty; want a directory")
 	}
 
-	cfg := model.DLRMv2(*maxVocab)
+	cfg, err := model.Preset(*preset, *maxVocab)
+	if err != nil {
+		return usagef("-preset %q: want %s", *preset, strings.Join(model.PresetNames(), " or "))
+	}
+	base := cfg
+	if bottom.set {
+		cfg.BottomMLP = bottom.widths
+	}
+	if top.set {
+		cfg.TopMLP = top.widths
+	}
+	if layers.set {
+		cfg.CrossLayers = layers.n
+		if layers.n == 0 && !rank.set {
+			cfg.CrossRank = 0 // unused: keep config.json from suggesting otherwise
+		}
+	}
+	if rank.set {
+		cfg.CrossRank = rank.n
+	}
+	if !slices.Equal(cfg.BottomMLP, base.BottomMLP) || !slices.Equal(cfg.TopMLP, base.TopMLP) ||
+		cfg.CrossLayers != base.CrossLayers || cfg.CrossRank != base.CrossRank {
+		cfg.Name += "-custom"
+	}
+	if err := cfg.Validate(); err != nil {
+		var fe *model.FieldError
+		if errors.As(err, &fe) {
+			if name, ok := shapeFlags[fe.Field]; ok {
+				v := fs.Lookup(name).Value.String()
+				if v == "" {
+					v = "(the -preset " + *preset + " default)"
+				}
+				return usagef("-%s %s: %v", name, v, err)
+			}
+			if fe.Field == model.FieldDense {
+				return usagef("-bottom-mlp, -top-mlp, -cross-layers, -cross-rank: %v", err)
+			}
+		}
+		return usagef("%v", err)
+	}
+
 	var bar *progress.Bar
 	if e.isTerminal(e.stderr) {
 		bar = progress.New(e.stderr, "export")
 	}
 	var written int64
 	start := time.Now()
-	err := model.Export(ctx, *out, cfg, *seed, func(done, total int64) {
+	err = model.Export(ctx, *out, cfg, *seed, func(done, total int64) {
 		written = total
 		if bar != nil {
 			bar.Update(done, total)
@@ -61,7 +124,66 @@ func runExport(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stderr, "export: wrote %s (rows=%d, bytes=%d, %.1fs)\n",
-		*out, cfg.TotalRows(), written, time.Since(start).Seconds())
+	fmt.Fprintf(e.stderr, "export: wrote %s (model=%s, rows=%d, bytes=%d, %.1fs)\n",
+		*out, cfg.Name, cfg.TotalRows(), written, time.Since(start).Seconds())
+	return nil
+}
+
+// widthsFlag is a comma-separated list of layer widths, each a positive
+// integer; whether the list ends where the model needs it to is left to
+// model.Config.Validate.
+type widthsFlag struct {
+	widths []int
+	set    bool
+}
+
+func (w *widthsFlag) String() string {
+	if w == nil || !w.set {
+		return ""
+	}
+	s := make([]string, len(w.widths))
+	for i, v := range w.widths {
+		s[i] = strconv.Itoa(v)
+	}
+	return strings.Join(s, ",")
+}
+
+func (w *widthsFlag) Set(v string) error {
+	parts := strings.Split(v, ",")
+	widths := make([]int, len(parts))
+	for i, p := range parts {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n < 1 {
+			return fmt.Errorf("width %d is %q; want a positive integer (as in 512,256,128)", i, p)
+		}
+		widths[i] = n
+	}
+	w.widths, w.set = widths, true
+	return nil
+}
+
+// optionalInt is an integer flag that remembers whether it was given, so
+// an absent one leaves the preset's value.
+type optionalInt struct {
+	n   int
+	set bool
+}
+
+func (o *optionalInt) String() string {
+	if o == nil || !o.set {
+		return ""
+	}
+	return strconv.Itoa(o.n)
+}
+
+func (o *optionalInt) Set(v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return fmt.Errorf("%q is not an integer", v)
+	}
+	if n < 0 {
+		return fmt.Errorf("%d is negative", n)
+	}
+	o.n, o.set = n, true
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -60,6 +61,27 @@ func TestExportBadInput(t *testing.T) {
 		{nil, []string{"stray"}, `unexpected argument "stray"`},
 		{map[string]string{"RECMESH_MAX_VOCAB": "x"}, nil, "RECMESH_MAX_VOCAB (flag -max-vocab)"},
 		{map[string]string{"RECMESH_SEED": "1.5"}, nil, "RECMESH_SEED (flag -seed)"},
+		{nil, []string{"--preset", "huge"}, `-preset "huge": want mlperf or hostbound`},
+		{map[string]string{"RECMESH_PRESET": "tiny"}, nil, `-preset "tiny"`},
+		{nil, []string{"--bottom-mlp", "512,x,128"}, `invalid value "512,x,128" for flag -bottom-mlp: width 1 is "x"`},
+		{nil, []string{"--bottom-mlp", ""}, `flag -bottom-mlp: width 0 is ""`},
+		{nil, []string{"--bottom-mlp", "512,0,128"}, `flag -bottom-mlp: width 1 is "0"`},
+		{nil, []string{"--bottom-mlp", "512,256"}, "-bottom-mlp 512,256: invalid model config: bottom_mlp ends at width 256"},
+		{nil, []string{"--bottom-mlp", "70000,128"}, "-bottom-mlp 70000,128: invalid model config: bottom_mlp[0] is 70000"},
+		{map[string]string{"RECMESH_BOTTOM_MLP": "64,-1"}, nil, "RECMESH_BOTTOM_MLP (flag -bottom-mlp)"},
+		{nil, []string{"--top-mlp", "1024,1,"}, `flag -top-mlp: width 2 is ""`},
+		{nil, []string{"--top-mlp", "8,2"}, "-top-mlp 8,2: invalid model config: top_mlp ends at width 2 (top_mlp[1]), want 1"},
+		{map[string]string{"RECMESH_TOP_MLP": "8"}, nil, "-top-mlp 8: invalid model config: top_mlp ends at width 8"},
+		{nil, []string{"--cross-layers", "two"}, `invalid value "two" for flag -cross-layers`},
+		{nil, []string{"--cross-layers", "-1"}, "flag -cross-layers: -1 is negative"},
+		{nil, []string{"--cross-layers", "65"}, "-cross-layers 65: invalid model config: cross_layers is 65, want 0..64"},
+		{map[string]string{"RECMESH_CROSS_LAYERS": "x"}, nil, "RECMESH_CROSS_LAYERS (flag -cross-layers)"},
+		{nil, []string{"--cross-rank", "1.5"}, `invalid value "1.5" for flag -cross-rank`},
+		{nil, []string{"--cross-rank", "0"}, "-cross-rank 0: invalid model config: cross_rank is 0, want 1..65536 with 3 cross layers"},
+		{nil, []string{"--cross-rank", "65537"}, "-cross-rank 65537: invalid model config: cross_rank is 65537"},
+		{nil, []string{"--preset", "hostbound", "--cross-layers", "1"}, "-cross-rank (the -preset hostbound default): invalid model config: cross_rank is 0, want 1..65536 with 1 cross layers"},
+		{map[string]string{"RECMESH_CROSS_RANK": "-2"}, nil, "RECMESH_CROSS_RANK (flag -cross-rank): -2 is negative"},
+		{nil, []string{"--cross-layers", "64", "--cross-rank", "65536"}, "-bottom-mlp, -top-mlp, -cross-layers, -cross-rank: invalid model config: bottom_mlp, cross_layers, cross_rank and top_mlp give"},
 	} {
 		code, _, stderr := runT(t, tc.vars, append([]string{"export"}, tc.args...)...)
 		if code != exitUsage || !strings.Contains(stderr, tc.msg) {
@@ -76,7 +98,7 @@ func TestExport(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	summary := regexp.MustCompile(`^export: wrote \S+/bundle \(rows=\d+, bytes=\d+, \d+\.\ds\)\n$`)
+	summary := regexp.MustCompile(`^export: wrote \S+/bundle \(model=dlrm-dcnv2, rows=\d+, bytes=\d+, \d+\.\ds\)\n$`)
 	if stdout != "" || !summary.MatchString(stderr) {
 		t.Errorf("stdout %q, stderr %q; want one summary line on stderr", stdout, stderr)
 	}
@@ -90,6 +112,74 @@ func TestExport(t *testing.T) {
 	}
 	if want := "rows=" + itoa(b.Config.TotalRows()); !strings.Contains(stderr, want) {
 		t.Errorf("summary %q lacks %s", stderr, want)
+	}
+	if want := model.DLRMv2(1000); !sameShape(b.Config, want) || b.Config.Name != want.Name {
+		t.Errorf("default export is %+v, want the mlperf preset %+v", b.Config, want)
+	}
+}
+
+func sameShape(a, b model.Config) bool {
+	return slices.Equal(a.BottomMLP, b.BottomMLP) && slices.Equal(a.TopMLP, b.TopMLP) &&
+		a.CrossLayers == b.CrossLayers && a.CrossRank == b.CrossRank &&
+		slices.Equal(a.VocabSizes, b.VocabSizes) && slices.Equal(a.Hotness, b.Hotness)
+}
+
+// TestExportShapes exports presets and explicit widths and reads back the
+// shape and the name each bundle records.
+func TestExportShapes(t *testing.T) {
+	hostbound, err := model.Preset(model.PresetHostbound, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	custom := func(c model.Config, bottom, top []int, layers, rank int) model.Config {
+		c.Name += "-custom"
+		if bottom != nil {
+			c.BottomMLP = bottom
+		}
+		if top != nil {
+			c.TopMLP = top
+		}
+		c.CrossLayers, c.CrossRank = layers, rank
+		return c
+	}
+	mlperf := model.DLRMv2(1000)
+	for _, tc := range []struct {
+		vars map[string]string
+		args []string
+		want model.Config
+	}{
+		{nil, []string{"--preset", "mlperf"}, mlperf},
+		{nil, []string{"--preset", "hostbound"}, hostbound},
+		{map[string]string{"RECMESH_PRESET": "hostbound"}, nil, hostbound},
+		// Overrides equal to the preset's leave the name alone.
+		{nil, []string{"--cross-layers", "3", "--top-mlp", "1024,1024,512,256,1"}, mlperf},
+		{nil, []string{"--bottom-mlp", "64,128", "--top-mlp", "16, 1", "--cross-layers", "2", "--cross-rank", "8"},
+			custom(mlperf, []int{64, 128}, []int{16, 1}, 2, 8)},
+		{map[string]string{"RECMESH_CROSS_LAYERS": "1", "RECMESH_CROSS_RANK": "4", "RECMESH_TOP_MLP": "8,1"}, []string{"--preset", "hostbound"},
+			custom(hostbound, nil, []int{8, 1}, 1, 4)},
+		// No cross layers: the unused rank is written as 0 unless given.
+		{nil, []string{"--cross-layers", "0"}, custom(mlperf, nil, nil, 0, 0)},
+		{nil, []string{"--cross-layers", "0", "--cross-rank", "7"}, custom(mlperf, nil, nil, 0, 7)},
+		// Cross layers on hostbound need a rank: its own is 0.
+		{nil, []string{"--preset", "hostbound", "--cross-layers", "2", "--cross-rank", "3"}, custom(hostbound, nil, nil, 2, 3)},
+	} {
+		out := filepath.Join(t.TempDir(), "bundle")
+		code, _, stderr := runT(t, tc.vars, append([]string{"export", "--out", out}, tc.args...)...)
+		if code != exitOK {
+			t.Errorf("export %v env %v: exit %d: %s", tc.args, tc.vars, code, stderr)
+			continue
+		}
+		if want := "(model=" + tc.want.Name + ","; !strings.Contains(stderr, want) {
+			t.Errorf("export %v env %v: summary %q lacks %s", tc.args, tc.vars, stderr, want)
+		}
+		b, err := model.Open(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := b.Config; got.Name != tc.want.Name || !sameShape(got, tc.want) {
+			t.Errorf("export %v env %v: bundle config %+v, want %+v", tc.args, tc.vars, got, tc.want)
+		}
+		b.Close()
 	}
 }
 
