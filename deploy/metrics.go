@@ -47,6 +47,7 @@ var Metrics = []Metric{
 	{"recmesh_frontend_request_duration_seconds", Histogram, nil, []string{Frontend}},
 	{"recmesh_frontend_examples_total", Counter, nil, []string{Frontend}},
 	{"recmesh_frontend_inflight_requests", Gauge, nil, []string{Frontend}},
+	{"recmesh_frontend_budget_misses_total", Counter, nil, []string{Frontend}},
 
 	// Embedder.
 	{"recmesh_embedder_requests_total", Counter, []string{"status"}, []string{Embedder}},
@@ -59,6 +60,7 @@ var Metrics = []Metric{
 	{"recmesh_embedder_huge_page_fraction", Gauge, nil, []string{Embedder}},
 	{"recmesh_embedder_generation", Gauge, nil, []string{Embedder}},
 	{"recmesh_embedder_table_bytes", Gauge, nil, []string{Embedder}},
+	{"recmesh_embedder_predicted_execute_seconds", Histogram, nil, []string{Embedder}},
 
 	// Accelerator.
 	{"recmesh_accelerator_requests_total", Counter, []string{"status"}, []string{Accelerator}},
@@ -66,6 +68,7 @@ var Metrics = []Metric{
 	{"recmesh_accelerator_batch_examples", Histogram, nil, []string{Accelerator}},
 	{"recmesh_accelerator_padding_ratio", Histogram, nil, []string{Accelerator}},
 	{"recmesh_accelerator_runs_total", Counter, []string{"bucket"}, []string{Accelerator}},
+	{"recmesh_accelerator_predicted_execute_seconds", Gauge, []string{"bucket"}, []string{Accelerator}},
 
 	// The standard process and Go runtime collectors, on every process.
 	{"process_resident_memory_bytes", Gauge, nil, all},

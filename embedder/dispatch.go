@@ -39,6 +39,9 @@ type dispatcher struct {
 	self                     *worker
 	tracer                   trace.Tracer // nil when tracing is off
 	drainStart               time.Time    // when a newer generation took over
+	// lookupNanos and lookupExamples are the embedder's lookup totals at
+	// the last cost update (SLO mode).
+	lookupNanos, lookupExamples int64
 }
 
 // errDrained ends a replaced generation once nothing is left in it.
@@ -52,7 +55,8 @@ func (e *Embedder) newDispatcher(g *generation, jobs chan job) (*dispatcher, err
 		cfg:     g.store.Config,
 		seg:     seg,
 		bw:      seg.BatchWriter(),
-		batcher: batch.New(batch.Options{Mode: e.opts.Mode, MaxBatch: e.opts.MaxBatch, MaxEntries: e.opts.MaxBatch, Window: e.opts.Window}),
+		batcher: batch.New(batch.Options{Mode: e.opts.Mode, MaxBatch: e.opts.MaxBatch, MaxEntries: e.opts.MaxBatch,
+			Window: e.opts.Window, LatencyTarget: e.opts.LatencyTarget}, &batch.Costs{}),
 		jobs:    jobs,
 		tracer:  newTracer(e.opts.Tracer),
 	}
@@ -95,15 +99,47 @@ func (d *dispatcher) batchFor(st *shm.Staging) *openBatch {
 }
 
 // idle reports whether the accelerator has finished every batch published
-// so far: the zero-wait merger's signal to seal now.
+// so far: the one "device idle" signal, on which the zero-wait merger seals
+// and from which SLO mode's predictions restart.
 func (d *dispatcher) idle() bool { return d.seg.CompletedSeq() >= d.seg.PublishedSeq() }
+
+// zeroWait reports whether the mode seals on the device going idle.
+func (d *dispatcher) zeroWait() bool { return d.e.opts.Mode == batch.Model || d.e.opts.Mode == batch.SLO }
 
 // wake is the embedder doorbell's condition.
 func (d *dispatcher) wake() bool {
 	if d.seg.RequestsPending() {
 		return true
 	}
-	return d.open != nil && d.e.opts.Mode == batch.Model && d.idle()
+	return d.open != nil && d.zeroWait() && d.idle()
+}
+
+// deviceIdle reads the device idle signal and, when it is set, tells the
+// batcher, so predictions no longer queue behind batches already done.
+func (d *dispatcher) deviceIdle(now time.Time) bool {
+	if !d.idle() {
+		return false
+	}
+	d.batcher.DeviceIdle(now)
+	return true
+}
+
+// updateCosts refreshes SLO mode's predictions: the accelerator's
+// execution time per bucket from the segment, and the lookups' wall time
+// per example from the workers' totals since the last update.
+func (d *dispatcher) updateCosts() {
+	c := d.batcher.Costs()
+	for b := 1; b <= model.PowerOfTwoCeil(d.e.opts.MaxBatch); b *= 2 {
+		c.SetExec(b, d.seg.ExecTime(b))
+	}
+	ns, ex := d.e.lookupNanos.Load(), d.e.lookupExamples.Load()
+	if dEx := ex - d.lookupExamples; dEx >= 64 {
+		// The workers look up in parallel: wall time per example is a
+		// worker's time per example over the workers.
+		per := time.Duration((ns - d.lookupNanos) / dEx / int64(d.e.opts.Workers))
+		d.lookupNanos, d.lookupExamples = ns, ex
+		c.SetLookup(per)
+	}
 }
 
 func (d *dispatcher) run(ctx context.Context) error {
@@ -122,7 +158,7 @@ func (d *dispatcher) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if d.open != nil && d.batcher.ShouldSeal(time.Now(), d.idle()) {
+		if d.open != nil && d.batcher.ShouldSeal(time.Now(), d.deviceIdle(time.Now())) {
 			if err := d.seal(); err != nil {
 				return err
 			}
@@ -265,11 +301,23 @@ func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err e
 	case req.Deadline != 0 && now.UnixNano() > req.Deadline:
 		status = shm.StatusExpired
 	}
+	if status == shm.StatusOK && d.e.opts.Mode == batch.SLO {
+		d.deviceIdle(now)
+		var deadline time.Time
+		if req.Deadline != 0 {
+			deadline = time.Unix(0, req.Deadline)
+		}
+		// The request arrived no later than now: its wait in the ring is
+		// not known here, and the margin covers it.
+		if !d.batcher.Admit(req.Examples, now, deadline, now) {
+			status = shm.StatusOverloaded
+		}
+	}
 	rows := req.Examples
 	if status != shm.StatusOK {
 		rows = 0
 	}
-	if d.open != nil && !d.batcher.Fits(rows) {
+	if d.open != nil && !d.batcher.Fits(rows, now) {
 		if err := d.seal(); err != nil {
 			return false, err
 		}
@@ -309,6 +357,8 @@ func (d *dispatcher) count(status uint32) {
 		m.reqOK.Inc()
 	case shm.StatusCanceled:
 		m.reqCanceled.Inc()
+	case shm.StatusOverloaded:
+		m.reqShed.Inc()
 	case shm.StatusExpired:
 		m.reqExpired.Inc()
 	default:
@@ -370,6 +420,12 @@ func (d *dispatcher) seal() error {
 	}
 	if _, err := d.bw.Publish(b.st, shm.BatchDesc{Examples: rows, Entries: len(b.entries), Trace: tc}); err != nil {
 		return err
+	}
+	if d.e.opts.Mode == batch.SLO {
+		d.updateCosts()
+		if p := d.batcher.Sealed(now); p > 0 {
+			d.e.m.predictedExec.Observe(p.Seconds())
+		}
 	}
 	d.e.m.batch.Observe(float64(rows))
 	d.batcher.Reset()

@@ -46,11 +46,13 @@ type Options struct {
 	ShmDir, Segment string
 	// Lanes is how many frontends can attach at once. Default 16.
 	Lanes int
-	// Batching: mode, max examples per batch (default 4096) and the Full
-	// mode window (default 1 ms).
-	Mode     batch.Mode
-	MaxBatch int
-	Window   time.Duration
+	// Batching: mode, max examples per batch (default 4096), the Full
+	// mode window (default 1 ms) and SLO mode's end-to-end latency target
+	// (default 20 ms).
+	Mode          batch.Mode
+	MaxBatch      int
+	Window        time.Duration
+	LatencyTarget time.Duration
 	// Workers is the number of lookup goroutines. Default GOMAXPROCS.
 	Workers int
 	// Staging is the number of staging buffers: the batches in flight to
@@ -91,6 +93,9 @@ func (o Options) withDefaults() Options {
 	if o.Window <= 0 {
 		o.Window = batch.DefaultWindow
 	}
+	if o.LatencyTarget <= 0 {
+		o.LatencyTarget = batch.DefaultLatencyTarget
+	}
 	if o.Workers <= 0 {
 		o.Workers = runtime.GOMAXPROCS(0)
 	}
@@ -111,6 +116,10 @@ type Embedder struct {
 	opts Options
 	m    *metrics
 	log  *slog.Logger
+
+	// lookupNanos and lookupExamples add up every lookup job, so SLO mode
+	// can predict lookup time from what the workers actually do.
+	lookupNanos, lookupExamples atomic.Int64
 
 	// loads hands a rollout's new store to Run, which answers on done.
 	loads chan loadRequest
@@ -481,7 +490,10 @@ func (w *worker) run(j job) {
 	}
 	dsrc := unsafe.Slice((*float32)(unsafe.Pointer(&j.payload[j.first*cfg.NumDense*4])), j.n*cfg.NumDense)
 	copy(j.b.dense[j.row*cfg.NumDense:(j.row+j.n)*cfg.NumDense], dsrc)
-	w.e.m.lookup.Observe(time.Since(start).Seconds())
+	took := time.Since(start)
+	w.e.m.lookup.Observe(took.Seconds())
+	w.e.lookupNanos.Add(int64(took))
+	w.e.lookupExamples.Add(int64(j.n))
 }
 
 // Close releases the tables if Run was never called.

@@ -17,16 +17,20 @@ type metrics struct {
 	hugeFraction prometheus.Gauge
 	generation   prometheus.Gauge
 	tableBytes   prometheus.Gauge
+	// SLO mode: the predicted execution time of each sealed batch (compare
+	// recmesh_accelerator_execute_seconds) and the chosen batch size is
+	// recmesh_embedder_batch_examples.
+	predictedExec prometheus.Histogram
 
 	// Pre-bound children so the hot path does no label lookups.
-	reqOK, reqInvalid, reqExpired, reqCanceled, reqCorrupt prometheus.Counter
+	reqOK, reqInvalid, reqExpired, reqCanceled, reqCorrupt, reqShed prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "recmesh_embedder_requests_total",
-			Help: "Requests the embedder read from the lanes, by outcome.",
+			Help: "Requests the embedder read from the lanes, by outcome (shed: refused by SLO admission control).",
 		}, []string{"status"}),
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "recmesh_embedder_queue_wait_seconds",
@@ -67,13 +71,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "recmesh_embedder_table_bytes",
 			Help: "Bytes of embedding tables held (one copy for the whole mesh).",
 		}),
+		predictedExec: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "recmesh_embedder_predicted_execute_seconds",
+			Help:    "SLO mode: the execution time predicted for each sealed batch.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
+		}),
 	}
 	reg.MustRegister(m.requests, m.queueWait, m.lookup, m.batch, m.queueDepth, m.occupancy,
-		m.lanesInUse, m.hugeFraction, m.generation, m.tableBytes)
+		m.lanesInUse, m.hugeFraction, m.generation, m.tableBytes, m.predictedExec)
 	m.reqOK = m.requests.WithLabelValues("ok")
 	m.reqInvalid = m.requests.WithLabelValues("invalid")
 	m.reqExpired = m.requests.WithLabelValues("expired")
 	m.reqCanceled = m.requests.WithLabelValues("canceled")
 	m.reqCorrupt = m.requests.WithLabelValues("corrupt")
+	m.reqShed = m.requests.WithLabelValues("shed")
 	return m
 }

@@ -181,7 +181,7 @@ func newTestService(t testing.TB, f *fakeBackend) *service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := newMetrics(opts.Registerer)
+	m, err := newMetrics(opts.Registerer, opts.LatencyTarget)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,9 +20,11 @@ type metrics struct {
 	examples prometheus.Counter
 	duration prometheus.Histogram
 	inflight prometheus.Gauge
+	misses   prometheus.Counter
+	target   time.Duration
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, target time.Duration) (*metrics, error) {
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "recmesh",
 		Subsystem: "frontend",
@@ -52,13 +54,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name:      "inflight_requests",
 			Help:      "ModelInfer calls being handled now.",
 		}),
+		misses: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "recmesh",
+			Subsystem: "frontend",
+			Name:      "budget_misses_total",
+			Help:      "ModelInfer calls answered OK but slower than the latency target (--latency-target).",
+		}),
+		target: target,
 	}
 	// Every code is exported from the start, at zero, so that rate() and
 	// alerts see a series before the first failure.
 	for c := range m.byCode {
 		m.byCode[c] = requests.WithLabelValues(codes.Code(c).String())
 	}
-	for _, c := range []prometheus.Collector{requests, m.examples, m.duration, m.inflight} {
+	for _, c := range []prometheus.Collector{requests, m.examples, m.duration, m.inflight, m.misses} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("frontend: register metrics: %w", err)
 		}
@@ -68,7 +77,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 // done records one answered ModelInfer call of n examples.
 func (m *metrics) done(start time.Time, n int, code codes.Code) {
-	m.duration.Observe(time.Since(start).Seconds())
+	took := time.Since(start)
+	m.duration.Observe(took.Seconds())
+	if code == codes.OK && took > m.target {
+		m.misses.Inc()
+	}
 	if int(code) >= numCodes {
 		code = codes.Unknown
 	}

@@ -46,6 +46,10 @@ const (
 	// DefaultDrainTimeout bounds how long calls in flight may take to finish
 	// once the server stops accepting; the rest are cancelled.
 	DefaultDrainTimeout = 30 * time.Second
+	// DefaultLatencyTarget is the end-to-end budget a ModelInfer call is
+	// counted against (recmesh_frontend_budget_misses_total); the mesh's
+	// SLO batching keeps the same default.
+	DefaultLatencyTarget = 20 * time.Millisecond
 	// DefaultReadyPollInterval is how often Backend.Ready is polled to update
 	// the health service.
 	DefaultReadyPollInterval = 100 * time.Millisecond
@@ -99,6 +103,10 @@ type Options struct {
 	// the server stops accepting; calls still running then are cancelled.
 	// Default DefaultDrainTimeout.
 	DrainTimeout time.Duration
+
+	// LatencyTarget is the latency budget of one call: answers slower than
+	// it are counted as budget misses. Default DefaultLatencyTarget.
+	LatencyTarget time.Duration
 
 	// ReadyPollInterval is how often Backend.Ready is polled for the health
 	// service. Default DefaultReadyPollInterval.
@@ -180,6 +188,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.LatencyTarget == 0 {
+		o.LatencyTarget = DefaultLatencyTarget
+	}
+	if o.LatencyTarget < 0 {
+		return o, optionErr("LatencyTarget", "%v is negative", o.LatencyTarget)
 	}
 	if o.DrainTimeout < 0 {
 		return o, optionErr("DrainTimeout", "%v is negative", o.DrainTimeout)

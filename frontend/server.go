@@ -61,7 +61,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(opts.Registerer)
+	m, err := newMetrics(opts.Registerer, opts.LatencyTarget)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package shm
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -37,9 +38,15 @@ type DoorbellStats struct {
 
 func newDoorbell(mem []byte, off int) *Doorbell {
 	d := &Doorbell{word: word32(mem, off+bellWord), waiters: word32(mem, off+bellWaiters)}
-	d.spin.Store(int64(DefaultSpin))
+	d.spin.Store(int64(processSpin()))
 	return d
 }
+
+// processSpin is the spin budget of this process's waiters, derived once
+// from the CPUs it may use (SpinFor): the affinity mask and cgroup quota do
+// not change under a running mesh process, and reading them per doorbell
+// would cost a syscall per lane.
+var processSpin = sync.OnceValue(func() time.Duration { return SpinFor(UsableCPUs()) })
 
 // SetSpin sets how long Wait spins before it sleeps (0: sleep at once).
 func (d *Doorbell) SetSpin(spin time.Duration) { d.spin.Store(int64(spin)) }

@@ -47,7 +47,7 @@ const (
 
 // LayoutVersion is stored in every header. Attach refuses any other value:
 // the layout below is the only one this code can read.
-const LayoutVersion = 1
+const LayoutVersion = 2
 
 // segmentMagic identifies a recmesh segment: the ASCII bytes "rmshseg1" read
 // as a big-endian integer, so a hex dump of the file shows them.
@@ -95,7 +95,9 @@ const segmentMagic uint64 = 0x726d_7368_7365_6731
 //	640    128  embedder doorbell                     frontends ring, embedder waits
 //	768    128  batch doorbell                        embedder rings, accelerator waits
 //	896    128  staging doorbell                      accelerator rings, embedder waits
-//	1024        reserved up to HeaderBytes
+//	1024   128  execution time per bucket (atomic,    accelerator, after runs
+//	            16 × u64 ns, index log2(bucket))
+//	1152        reserved up to HeaderBytes
 //
 // Each group that a different process writes starts on its own LinePair.
 const (
@@ -153,8 +155,17 @@ const (
 	hdrBatchBell    = hdrEmbedderBell + LinePair
 	hdrStagingBell  = hdrBatchBell + LinePair
 
-	hdrUsed = hdrStagingBell + LinePair
+	// hdrExecTable holds ExecTableBuckets words: the accelerator's expected
+	// execution time of each power-of-two bucket, which the embedder's
+	// latency-aware batching reads.
+	hdrExecTable = hdrStagingBell + LinePair
+
+	hdrUsed = hdrExecTable + LinePair
 )
+
+// ExecTableBuckets is how many buckets (1, 2, 4, … 2^15) the execution
+// time table of the header holds.
+const ExecTableBuckets = LinePair / 8
 
 // State is the segment state word (header offset hdrState).
 type State uint32

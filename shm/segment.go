@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,7 @@ type Segment struct {
 	accelHB     *uint64
 	completed   *uint64
 	accelIdle   *uint32
+	execTable   [ExecTableBuckets]*uint64 // words in the header
 	batchTail   *uint64
 	embedder    *Doorbell
 	batchBell   *Doorbell
@@ -382,6 +384,9 @@ func newSegment(path string, f *os.File, mem []byte, g Geometry, lay layout, gen
 		batchBell:   newDoorbell(mem, hdrBatchBell),
 		stagingBell: newDoorbell(mem, hdrStagingBell),
 	}
+	for i := range s.execTable {
+		s.execTable[i] = word64(mem, hdrExecTable+8*i)
+	}
 	s.lanes = make([]laneCtl, g.Lanes)
 	for i := range s.lanes {
 		s.lanes[i] = s.newLaneCtl(i)
@@ -594,6 +599,33 @@ func (s *Segment) SetAcceleratorIdle(idle bool) {
 
 // AcceleratorIdle reports the accelerator's idle word.
 func (s *Segment) AcceleratorIdle() bool { return atomic.LoadUint32(s.accelIdle) != 0 }
+
+// SetExecTime publishes the accelerator's expected execution time of a
+// power-of-two bucket (0: unknown). Buckets beyond the table are ignored.
+func (s *Segment) SetExecTime(bucket int, d time.Duration) {
+	if i, ok := execIndex(bucket); ok {
+		atomic.StoreUint64(s.execTable[i], uint64(max(d, 0)))
+	}
+}
+
+// ExecTime is the expected execution time of a power-of-two bucket, 0 when
+// the accelerator has not published one. The words are read from shared
+// memory another process writes, so a value is only ever a prediction:
+// callers bound what they do with it.
+func (s *Segment) ExecTime(bucket int) time.Duration {
+	if i, ok := execIndex(bucket); ok {
+		return time.Duration(atomic.LoadUint64(s.execTable[i]))
+	}
+	return 0
+}
+
+func execIndex(bucket int) (int, bool) {
+	if bucket < 1 || bucket&(bucket-1) != 0 {
+		return 0, false
+	}
+	i := bits.TrailingZeros(uint(bucket))
+	return i, i < ExecTableBuckets
+}
 
 // CompletedSeq is the seq of the last batch the accelerator finished.
 func (s *Segment) CompletedSeq() uint64 { return atomic.LoadUint64(s.completed) }

@@ -31,6 +31,7 @@ const (
 	StatusInvalid     uint32 = 3 // the request failed validation
 	StatusUnavailable uint32 = 4 // the serving side could not run it
 	StatusInternal    uint32 = 5 // anything else
+	StatusOverloaded  uint32 = 6 // shed before lookup: it could not finish within the latency target
 )
 
 // checkSlotHeader validates a header against the geometry: the checks both

@@ -60,6 +60,9 @@ type Server struct {
 	ex      *executor.Executor // serves new generations
 	pending *executor.Executor // compiled for a rollout, not yet attached
 	refs    map[*executor.Executor]int
+	// times are the execution time estimates of each executor, calibrated
+	// once and carried across generations.
+	times map[*executor.Executor]*execTimes
 }
 
 // New checks the options.
@@ -85,6 +88,7 @@ func New(opts Options) (*Server, error) {
 		log:    opts.Log,
 		m:      newMetrics(opts.Registry, opts.Executor.Buckets()),
 		refs:   map[*executor.Executor]int{},
+		times:  map[*executor.Executor]*execTimes{},
 		tracer: newTracer(opts.Tracer),
 	}
 	return s, nil
@@ -175,6 +179,7 @@ func (s *Server) serveGeneration(ctx context.Context, seg *shm.Segment, ex *exec
 	if s.refs[ex] == 0 && ex != s.ex && ex != s.pending {
 		ex.Close()
 		delete(s.refs, ex)
+		delete(s.times, ex)
 	}
 	s.mu.Unlock()
 	if ctx.Err() == nil {
@@ -250,6 +255,13 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 			}
 		}
 	}()
+	times, err := s.execTimesFor(ex)
+	if err != nil {
+		return fmt.Errorf("accelerator: calibrate: %w", err)
+	}
+	for i, b := range ex.Buckets() {
+		s.publishExec(seg, i, b, times.estimate(i))
+	}
 	touched := make([]bool, g.Lanes)
 	scores := make([]float32, ex.MaxBucket())
 	reader := seg.BatchReader()
@@ -269,7 +281,7 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 			}
 			inputs[b.Staging] = in
 		}
-		s.runBatch(ex, reader, b, inputs[b.Staging], writers, touched, scores)
+		s.runBatch(ex, seg, times, reader, b, inputs[b.Staging], writers, touched, scores)
 		if err := reader.Done(b); err != nil {
 			return err
 		}
@@ -279,8 +291,43 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 	}
 }
 
+// execTimesFor returns ex's execution time estimates, calibrating them on
+// first use (the embedder's SLO batching needs them before the first
+// batch, and a new executor's buckets have never run).
+func (s *Server) execTimesFor(ex *executor.Executor) (*execTimes, error) {
+	s.mu.Lock()
+	t := s.times[ex]
+	s.mu.Unlock()
+	if t != nil {
+		return t, nil
+	}
+	t = newExecTimes(ex.Buckets())
+	start := time.Now()
+	if err := t.calibrate(ex); err != nil {
+		return nil, err
+	}
+	s.log.Info("calibrated execution times", "took", time.Since(start).Round(time.Millisecond))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prev := s.times[ex]; prev != nil {
+		return prev, nil // another generation calibrated it meanwhile
+	}
+	s.times[ex] = t
+	return t, nil
+}
+
+// publishExec puts bucket b's (index i) estimate into the segment and the
+// predicted-time gauge.
+func (s *Server) publishExec(seg *shm.Segment, i, b int, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	seg.SetExecTime(b, d)
+	s.m.predicted[i].Set(d.Seconds())
+}
+
 // runBatch executes one batch and completes every request it carries.
-func (s *Server) runBatch(ex *executor.Executor, reader *shm.BatchReader, b shm.Batch, in *executor.Inputs, writers []*shm.CompletionWriter, touched []bool, scores []float32) {
+func (s *Server) runBatch(ex *executor.Executor, seg *shm.Segment, times *execTimes, reader *shm.BatchReader, b shm.Batch, in *executor.Inputs, writers []*shm.CompletionWriter, touched []bool, scores []float32) {
 	n := b.Examples
 	runStatus := shm.StatusOK
 	if n > 0 {
@@ -295,6 +342,7 @@ func (s *Server) runBatch(ex *executor.Executor, reader *shm.BatchReader, b shm.
 				s.traceBatch(reader, b, writers, bucket, start, end)
 			}
 			s.m.execute[idx].Observe(end.Sub(start).Seconds())
+			s.publishExec(seg, idx, bucket, times.observe(idx, end.Sub(start)))
 			s.m.runs[idx].Inc()
 			s.m.batch.Observe(float64(n))
 			s.m.padding.Observe(float64(bucket-n) / float64(bucket))
@@ -362,6 +410,7 @@ func writeScores(w *shm.CompletionWriter, e shm.BatchEntry, n int, scores []floa
 type metrics struct {
 	completed  []prometheus.Counter // by shm status code
 	execute    []prometheus.Observer
+	predicted  []prometheus.Gauge
 	runs       []prometheus.Counter
 	batch      prometheus.Histogram
 	padding    prometheus.Histogram
@@ -373,6 +422,10 @@ func newMetrics(reg prometheus.Registerer, buckets []int) *metrics {
 		Name:    "recmesh_accelerator_execute_seconds",
 		Help:    "Device time of one program run, by bucket.",
 		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
+	}, []string{"bucket"})
+	predicted := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "recmesh_accelerator_predicted_execute_seconds",
+		Help: "Execution time the accelerator publishes for the embedder's SLO batching, by bucket: a high quantile of recent runs.",
 	}, []string{"bucket"})
 	runs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "recmesh_accelerator_runs_total",
@@ -398,15 +451,16 @@ func newMetrics(reg prometheus.Registerer, buckets []int) *metrics {
 		Name: "recmesh_accelerator_requests_total",
 		Help: "Requests completed into their lanes, by status.",
 	}, []string{"status"})
-	for _, name := range []string{"ok", "canceled", "expired", "invalid", "unavailable", "internal"} {
+	for _, name := range []string{"ok", "canceled", "expired", "invalid", "unavailable", "internal", "shed"} {
 		m.completed = append(m.completed, requests.WithLabelValues(name))
 	}
 	reg.MustRegister(requests)
 	for _, b := range buckets {
 		l := strconv.Itoa(b)
 		m.execute = append(m.execute, exec.WithLabelValues(l))
+		m.predicted = append(m.predicted, predicted.WithLabelValues(l))
 		m.runs = append(m.runs, runs.WithLabelValues(l))
 	}
-	reg.MustRegister(exec, runs, m.batch, m.padding, m.generation)
+	reg.MustRegister(exec, predicted, runs, m.batch, m.padding, m.generation)
 	return m
 }

@@ -155,11 +155,15 @@ func maxAbsDiff(a, b []float32) float64 {
 // score against the reference. Its summary is the last line of make e2e.
 func TestE2EModes(t *testing.T) {
 	w := loadWorkload(t)
-	modes := []string{"none", "model", "full"}
+	modes := []string{"none", "model", "full", "slo"}
 	total, worst := 0, 0.0
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
 			c := newCluster(t, mode)
+			// Every score is checked here, so nothing may be shed: a
+			// budget no run on a loaded CI machine comes near.
+			// TestE2ESLOSheds covers shedding.
+			c.latencyTarget = "1m"
 			c.startMesh(2)
 			n, d := drive(t, c.addr(), w, 4)
 			t.Logf("mode %s: %d requests, max|Δ| %.3g", mode, n, d)

@@ -131,9 +131,12 @@ type cluster struct {
 	segment string
 	port    int
 	mode    string
-	procs   map[string]*proc
-	metrics map[string]string // process name → metrics address
-	natsURL string            // empty: no control plane
+	// latencyTarget is the embedder's --latency-target (slo mode), empty
+	// for its default.
+	latencyTarget string
+	procs         map[string]*proc
+	metrics       map[string]string // process name → metrics address
+	natsURL       string            // empty: no control plane
 }
 
 func newCluster(t *testing.T, mode string) *cluster {
@@ -185,6 +188,9 @@ func (c *cluster) start(name string, args ...string) *proc {
 	case name == "embedder":
 		path = filepath.Join(c.bin, "embedder")
 		args = append([]string{"--batch-mode", c.mode, "--lanes", "8", "--workers", "2"}, args...)
+		if c.latencyTarget != "" {
+			args = append(args, "--latency-target", c.latencyTarget)
+		}
 	case name == "accelerator":
 		path = filepath.Join(c.bin, "accelerator")
 		args = append([]string{"serve"}, args...)

@@ -1,7 +1,9 @@
 // Package batch decides how the embedder groups requests into batches: how
-// many examples a batch may hold and when an open batch is sealed and handed
-// to the accelerator. It is pure policy: no goroutines, no shared memory, a
-// clock passed in, so tests drive it by hand.
+// many examples a batch may hold, when an open batch is sealed and handed
+// to the accelerator, and (in SLO mode) which requests are shed because
+// they can no longer finish within the latency target. It is pure policy:
+// no goroutines, no shared memory, a clock and cost estimates passed in, so
+// tests drive it by hand.
 package batch
 
 import (
@@ -23,11 +25,22 @@ const (
 	// Full merges lookups and model calls: a batch stays open for the batch
 	// window (or until full), then all of it is looked up and run at once.
 	Full
+	// SLO is Model's zero-wait merger bounded by the latency target: each
+	// request is looked up as it arrives (so the next batch's lookups run
+	// while the device executes the current one), the batch is sealed the
+	// moment the device is idle, and while the device is busy it grows only
+	// as long as its oldest request, waiting for the device and then for
+	// the expected execution time of the larger bucket, still finishes
+	// within the target. A request that would miss the target even in a
+	// batch of its own is shed before lookup (admission control).
+	SLO
 )
 
-// ParseMode reads "none", "model" or "full".
+// ParseMode reads "none", "model", "full" or "slo".
 func ParseMode(s string) (Mode, error) {
 	switch strings.ToLower(s) {
+	case "slo":
+		return SLO, nil
 	case "none":
 		return None, nil
 	case "model":
@@ -35,7 +48,7 @@ func ParseMode(s string) (Mode, error) {
 	case "full":
 		return Full, nil
 	}
-	return 0, fmt.Errorf("batch: mode %q: want none, model or full", s)
+	return 0, fmt.Errorf("batch: mode %q: want none, model, full or slo", s)
 }
 
 func (m Mode) String() string {
@@ -46,6 +59,8 @@ func (m Mode) String() string {
 		return "model"
 	case Full:
 		return "full"
+	case SLO:
+		return "slo"
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
@@ -54,6 +69,8 @@ func (m Mode) String() string {
 const (
 	DefaultMaxBatch = 4096
 	DefaultWindow   = time.Millisecond
+	// DefaultLatencyTarget is the end-to-end p99 budget SLO mode keeps.
+	DefaultLatencyTarget = 20 * time.Millisecond
 )
 
 // Options configure a Batcher. Zero fields take the defaults.
@@ -71,6 +88,14 @@ type Options struct {
 	// first one. Default 1 ms. The worst added queueing delay of a request
 	// in Full mode is Window plus the time the batch ahead takes to run.
 	Window time.Duration
+	// LatencyTarget is SLO mode's end-to-end budget. Default 20 ms.
+	LatencyTarget time.Duration
+	// Margin is the part of the budget SLO mode keeps for what it does not
+	// predict: the frontends' decoding and the network on the way in, the
+	// completion's way back, scheduling noise. Default a quarter of the
+	// target: the budget is a p99, and the predictions are high quantiles
+	// of recent runs, not worst cases.
+	Margin time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -83,6 +108,12 @@ func (o Options) withDefaults() Options {
 	if o.Window <= 0 {
 		o.Window = DefaultWindow
 	}
+	if o.LatencyTarget <= 0 {
+		o.LatencyTarget = DefaultLatencyTarget
+	}
+	if o.Margin <= 0 || o.Margin >= o.LatencyTarget {
+		o.Margin = o.LatencyTarget / 4
+	}
 	return o
 }
 
@@ -93,10 +124,24 @@ type Batcher struct {
 	rows    int
 	entries int
 	first   time.Time
+	// costs predicts lookups and execution (SLO mode); deviceFree is when
+	// the device is expected to finish every batch sealed so far.
+	costs      *Costs
+	deviceFree time.Time
 }
 
-// New returns a Batcher with an empty open batch.
-func New(opts Options) *Batcher { return &Batcher{opts: opts.withDefaults()} }
+// New returns a Batcher with an empty open batch. costs may be nil outside
+// SLO mode; in SLO mode a nil costs predicts nothing, so nothing is shed
+// and batches grow as in Model mode.
+func New(opts Options, costs *Costs) *Batcher {
+	if costs == nil {
+		costs = &Costs{}
+	}
+	return &Batcher{opts: opts.withDefaults(), costs: costs}
+}
+
+// Costs returns the cost model the Batcher predicts with.
+func (b *Batcher) Costs() *Costs { return b.costs }
 
 // Options returns the options with defaults filled in.
 func (b *Batcher) Options() Options { return b.opts }
@@ -104,14 +149,92 @@ func (b *Batcher) Options() Options { return b.opts }
 // Fits reports whether a request of n examples can join the open batch.
 // A request that does not fit means: seal the open batch, then add it to
 // the next one. n is at most MaxBatch (frontends refuse larger requests).
-func (b *Batcher) Fits(n int) bool {
+// In SLO mode a request also does not fit when the larger batch would make
+// the open batch's oldest request miss the budget.
+func (b *Batcher) Fits(n int, now time.Time) bool {
 	if b.entries == 0 {
 		return true
 	}
 	if b.opts.Mode == None {
 		return false
 	}
-	return b.rows+n <= b.opts.MaxBatch && b.entries < b.opts.MaxEntries
+	if b.rows+n > b.opts.MaxBatch || b.entries >= b.opts.MaxEntries {
+		return false
+	}
+	if b.opts.Mode == SLO && n > 0 {
+		return !b.finish(b.rows+n, n, now).After(b.first.Add(b.budget()))
+	}
+	return true
+}
+
+// budget is the part of the latency target the embedder plans with.
+func (b *Batcher) budget() time.Duration { return b.opts.LatencyTarget - b.opts.Margin }
+
+// finish predicts when a batch of rows examples would complete if sealed
+// as soon as its last pending lookups (of pending examples) are done: once
+// those are and the device has finished every batch ahead of it, plus its
+// bucket's execution time. Requests are looked up as they arrive, so only
+// the newest request's lookups are ever pending.
+func (b *Batcher) finish(rows, pending int, now time.Time) time.Time {
+	start := now.Add(b.costs.Lookup(pending))
+	if b.deviceFree.After(start) {
+		start = b.deviceFree
+	}
+	return start.Add(b.costs.Exec(rows))
+}
+
+// Admit is SLO mode's admission control for a request of n examples that
+// arrived at arrival and must finish by deadline (zero: no deadline of its
+// own): false when, behind the work already queued, it would miss the
+// budget or its deadline even where it goes next (the open batch if it
+// Fits, else a new batch behind it). A request with nothing ahead of it is
+// always admitted, even one too large to finish in time on an idle device:
+// shedding it would spare no one else any waiting, and the frontends count
+// it as a budget miss instead. Other modes admit everything. Call it
+// before Fits and Add.
+func (b *Batcher) Admit(n int, arrival, deadline, now time.Time) bool {
+	if b.opts.Mode != SLO || n <= 0 {
+		return true
+	}
+	if b.entries > 0 && b.Fits(n, now) {
+		// Fits kept the oldest request, which arrived no later than this
+		// one, within the budget; only this one's own deadline can fail.
+		return deadline.IsZero() || !b.finish(b.rows+n, n, now).After(deadline)
+	}
+	// A batch of its own, started once the open batch (if any) and the
+	// device's queue are done.
+	free := b.deviceFree
+	if b.entries > 0 {
+		free = b.finish(b.rows, 0, now)
+	}
+	start := now.Add(b.costs.Lookup(n))
+	if !free.After(start) {
+		return true // nothing ahead of it
+	}
+	end := free.Add(b.costs.Exec(n))
+	if end.After(arrival.Add(b.budget())) {
+		return false
+	}
+	return deadline.IsZero() || !end.After(deadline)
+}
+
+// DeviceIdle tells the Batcher the device has nothing left to run.
+func (b *Batcher) DeviceIdle(now time.Time) {
+	if b.deviceFree.After(now) {
+		b.deviceFree = now
+	}
+}
+
+// Sealed records that the open batch went to the device at now, so later
+// predictions queue behind it, and returns its predicted execution time.
+// The caller then calls Reset.
+func (b *Batcher) Sealed(now time.Time) (predicted time.Duration) {
+	if b.rows == 0 {
+		return 0
+	}
+	predicted = b.costs.Exec(b.rows)
+	b.deviceFree = b.finish(b.rows, 0, now)
+	return predicted
 }
 
 // Add puts a request of n examples (0 for a request that failed before
@@ -143,7 +266,7 @@ func (b *Batcher) ShouldSeal(now time.Time, deviceIdle bool) bool {
 	switch b.opts.Mode {
 	case None:
 		return true
-	case Model:
+	case Model, SLO:
 		return deviceIdle
 	default:
 		return !now.Before(b.first.Add(b.opts.Window))
@@ -163,4 +286,72 @@ func (b *Batcher) Deadline() (t time.Time, ok bool) {
 func (b *Batcher) Reset() {
 	b.rows, b.entries = 0, 0
 	b.first = time.Time{}
+}
+
+// Costs predicts how long the embedder's lookups and the device's
+// execution take. The accelerator measures each bucket's execution time
+// (calibrated at start-up, then a high quantile of recent runs) and
+// publishes it; the embedder measures its lookups. Zero values mean
+// unknown and predict nothing.
+type Costs struct {
+	exec [maxBuckets]time.Duration // by log2 of the bucket
+	// lookupPerExample is the lookups' wall time per example with every
+	// worker busy.
+	lookupPerExample time.Duration
+}
+
+// maxBuckets covers buckets 1 … 2^15.
+const maxBuckets = 16
+
+// SetExec sets the expected execution time of a power-of-two bucket.
+func (c *Costs) SetExec(bucket int, d time.Duration) {
+	if i, ok := bucketIndex(bucket); ok {
+		c.exec[i] = max(d, 0)
+	}
+}
+
+// SetLookup sets the lookups' wall time per example.
+func (c *Costs) SetLookup(perExample time.Duration) { c.lookupPerExample = max(perExample, 0) }
+
+// Exec is the expected execution time of a batch of rows examples: its
+// power-of-two bucket's, or, when that bucket has no estimate yet, the
+// nearest larger one's (a larger bucket is never faster), or failing that
+// the largest smaller one's scaled by size (execution is at most linear in
+// the bucket beyond the per-call cost). 0 when nothing is known.
+func (c *Costs) Exec(rows int) time.Duration {
+	if rows <= 0 {
+		return 0
+	}
+	i := 0
+	for 1<<i < rows && i < maxBuckets-1 {
+		i++
+	}
+	if d := c.exec[i]; d > 0 {
+		return d
+	}
+	for j := i + 1; j < maxBuckets; j++ {
+		if d := c.exec[j]; d > 0 {
+			return d
+		}
+	}
+	for j := i - 1; j >= 0; j-- {
+		if d := c.exec[j]; d > 0 {
+			return d * time.Duration(1<<(i-j))
+		}
+	}
+	return 0
+}
+
+// Lookup is the expected wall time of looking up rows examples.
+func (c *Costs) Lookup(rows int) time.Duration {
+	return c.lookupPerExample * time.Duration(max(rows, 0))
+}
+
+func bucketIndex(bucket int) (int, bool) {
+	for i := range maxBuckets {
+		if bucket == 1<<i {
+			return i, true
+		}
+	}
+	return 0, false
 }

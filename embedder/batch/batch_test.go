@@ -23,14 +23,14 @@ func TestParseMode(t *testing.T) {
 }
 
 func TestNoneSealsEveryRequest(t *testing.T) {
-	b := New(Options{Mode: None})
+	b := New(Options{Mode: None}, nil)
 	if b.ShouldSeal(t0, false) {
 		t.Fatal("an empty batch must not be sealed")
 	}
 	if row := b.Add(16, t0); row != 0 {
 		t.Fatalf("first row %d, want 0", row)
 	}
-	if b.Fits(1) {
+	if b.Fits(1, t0) {
 		t.Fatal("None mode let a second request join")
 	}
 	if !b.ShouldSeal(t0, false) {
@@ -39,13 +39,13 @@ func TestNoneSealsEveryRequest(t *testing.T) {
 }
 
 func TestModelSealsWhenDeviceIdle(t *testing.T) {
-	b := New(Options{Mode: Model, MaxBatch: 64})
+	b := New(Options{Mode: Model, MaxBatch: 64}, nil)
 	b.Add(1, t0)
 	if !b.ShouldSeal(t0, true) {
 		t.Fatal("Model mode must seal at once when the device is idle")
 	}
 	for i := 1; i < 10; i++ {
-		if !b.Fits(1) {
+		if !b.Fits(1, t0) {
 			t.Fatalf("request %d did not fit", i)
 		}
 		if row := b.Add(1, t0.Add(time.Hour)); row != i {
@@ -61,7 +61,7 @@ func TestModelSealsWhenDeviceIdle(t *testing.T) {
 }
 
 func TestFullWaitsForWindow(t *testing.T) {
-	b := New(Options{Mode: Full, MaxBatch: 64, Window: 2 * time.Millisecond})
+	b := New(Options{Mode: Full, MaxBatch: 64, Window: 2 * time.Millisecond}, nil)
 	b.Add(4, t0)
 	b.Add(4, t0.Add(time.Millisecond))
 	if b.ShouldSeal(t0.Add(1999*time.Microsecond), true) {
@@ -80,12 +80,12 @@ func TestFullWaitsForWindow(t *testing.T) {
 }
 
 func TestCapacity(t *testing.T) {
-	b := New(Options{Mode: Full, MaxBatch: 16, MaxEntries: 3})
+	b := New(Options{Mode: Full, MaxBatch: 16, MaxEntries: 3}, nil)
 	b.Add(10, t0)
-	if b.Fits(7) {
+	if b.Fits(7, t0) {
 		t.Fatal("10+7 rows fit in a 16-row batch")
 	}
-	if !b.Fits(6) {
+	if !b.Fits(6, t0) {
 		t.Fatal("10+6 rows did not fit in a 16-row batch")
 	}
 	b.Add(6, t0)
@@ -96,7 +96,7 @@ func TestCapacity(t *testing.T) {
 	b.Add(0, t0)
 	b.Add(0, t0)
 	b.Add(1, t0)
-	if b.Fits(1) {
+	if b.Fits(1, t0) {
 		t.Fatal("a fourth entry fit with MaxEntries 3")
 	}
 	if !b.ShouldSeal(t0, false) {
@@ -104,14 +104,147 @@ func TestCapacity(t *testing.T) {
 	}
 	// An empty batch takes any request, even one as large as MaxBatch.
 	b.Reset()
-	if !b.Fits(16) {
+	if !b.Fits(16, t0) {
 		t.Fatal("an empty batch refused a MaxBatch request")
 	}
 }
 
 func TestDefaults(t *testing.T) {
-	o := New(Options{}).Options()
+	o := New(Options{}, nil).Options()
 	if o.MaxBatch != DefaultMaxBatch || o.MaxEntries != DefaultMaxBatch || o.Window != DefaultWindow || o.Mode != None {
 		t.Fatalf("defaults = %+v", o)
+	}
+}
+
+// sloCosts: a bucket of b examples runs in 1 ms + b × 10 µs; lookups take
+// 5 µs per example.
+func sloCosts() *Costs {
+	c := &Costs{}
+	for b := 1; b <= 4096; b *= 2 {
+		c.SetExec(b, time.Millisecond+time.Duration(b)*10*time.Microsecond)
+	}
+	c.SetLookup(5 * time.Microsecond)
+	return c
+}
+
+func TestSLOSealsWhenTheDeviceIsIdle(t *testing.T) {
+	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond}, sloCosts())
+	b.Add(16, t0)
+	if b.ShouldSeal(t0, false) {
+		t.Fatal("SLO sealed a small batch while the device was busy")
+	}
+	if !b.ShouldSeal(t0, true) {
+		t.Fatal("SLO did not seal when the device went idle (zero-wait)")
+	}
+	if _, ok := b.Deadline(); ok {
+		t.Fatal("SLO mode asked for a timer: it never waits out a window")
+	}
+}
+
+// TestSLOCapsTheBatchAtTheBudget: with the device busy for 10 ms, the open
+// batch may grow only while its oldest request still finishes within the
+// 16 ms the budget leaves (20 ms target − 4 ms margin).
+func TestSLOCapsTheBatchAtTheBudget(t *testing.T) {
+	c := sloCosts()
+	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond}, c)
+	// A batch of 896 sealed at t0 + 4.48 ms (its lookups done) → bucket
+	// 1024 runs 11.24 ms: the device is busy until 15.72 ms.
+	b.Add(896, t0)
+	if got := b.Sealed(t0.Add(c.Lookup(896))); got != c.Exec(896) {
+		t.Fatalf("Sealed predicted %v, want %v", got, c.Exec(896))
+	}
+	b.Reset()
+	free := t0.Add(c.Lookup(896) + c.Exec(896))
+	now := t0.Add(time.Millisecond)
+	b.Add(1, now)
+	// Oldest arrived at now: its budget ends at now + 16 ms = 17 ms; the
+	// device frees at 15.72 ms, so a batch may take at most 1.28 ms:
+	// bucket 16 (1.16 ms) fits, bucket 32 (1.32 ms) does not.
+	if !b.Fits(15, now) {
+		t.Fatalf("a 16-example batch starting at %v should fit the budget", free.Sub(t0))
+	}
+	b.Add(15, now)
+	if b.Fits(1, now) {
+		t.Fatal("growing into bucket 32 breaks the oldest request's budget but Fits said yes")
+	}
+	// Model mode has no such cap.
+	m := New(Options{Mode: Model}, c)
+	m.Add(16, now)
+	if !m.Fits(1, now) {
+		t.Fatal("Model mode capped a batch by latency")
+	}
+}
+
+func TestSLOAdmissionControl(t *testing.T) {
+	c := sloCosts()
+	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond}, c)
+	if !b.Admit(128, t0, time.Time{}, t0) {
+		t.Fatal("an idle device refused a request it can finish in 2.9 ms")
+	}
+	// Queue 30 ms of work on the device.
+	for range 3 {
+		b.Add(1024, t0)
+		b.Sealed(t0)
+		b.Reset()
+	}
+	if b.Admit(1, t0, time.Time{}, t0) {
+		t.Fatal("admitted a request that cannot start for 30 ms under a 16 ms budget")
+	}
+	// The device went idle early: work is admitted again.
+	later := t0.Add(5 * time.Millisecond)
+	b.DeviceIdle(later)
+	if !b.Admit(1, later, time.Time{}, later) {
+		t.Fatal("refused a request after the device went idle")
+	}
+	// With nothing ahead, even a request that cannot make the budget on
+	// an idle device is served (shedding it spares no one any waiting).
+	if !b.Admit(4096, later, time.Time{}, later) {
+		t.Fatal("shed a 42 ms request on an idle device")
+	}
+	// Behind a queued batch, its own deadline counts too: the device is
+	// busy until 6.16 ms, so a 1 ms deadline cannot be met.
+	b.Add(16, later)
+	b.Sealed(later)
+	b.Reset()
+	if b.Admit(1, later, later.Add(time.Millisecond), later) {
+		t.Fatal("admitted a request whose own deadline it cannot meet")
+	}
+	if !b.Admit(1, later, later.Add(10*time.Millisecond), later) {
+		t.Fatal("refused a request whose deadline and budget it can meet")
+	}
+	// A request that already waited its budget away (read late from the
+	// ring) is shed.
+	if b.Admit(1, later.Add(-17*time.Millisecond), time.Time{}, later) {
+		t.Fatal("admitted a request that had already used its budget")
+	}
+	// Other modes never shed, and nothing is shed before estimates exist.
+	if !New(Options{Mode: Full}, c).Admit(1, t0.Add(-time.Hour), time.Time{}, t0) {
+		t.Fatal("Full mode shed a request")
+	}
+	if !New(Options{Mode: SLO}, nil).Admit(4096, t0, time.Time{}, t0) {
+		t.Fatal("SLO mode shed without any cost estimate")
+	}
+}
+
+func TestCostsExec(t *testing.T) {
+	var c Costs
+	if c.Exec(16) != 0 {
+		t.Fatal("unknown costs predicted time")
+	}
+	c.SetExec(16, 2*time.Millisecond)
+	c.SetExec(3, time.Hour) // not a bucket: ignored
+	for rows, want := range map[int]time.Duration{
+		9:  2 * time.Millisecond, // its bucket, 16
+		1:  2 * time.Millisecond, // no estimate: the next larger bucket's
+		64: 8 * time.Millisecond, // only smaller known: scaled, 16 → 64
+		0:  0,
+	} {
+		if got := c.Exec(rows); got != want {
+			t.Errorf("Exec(%d) = %v, want %v", rows, got, want)
+		}
+	}
+	c.SetLookup(3 * time.Microsecond)
+	if got := c.Lookup(10); got != 30*time.Microsecond {
+		t.Errorf("Lookup(10) = %v", got)
 	}
 }

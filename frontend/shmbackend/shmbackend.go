@@ -523,6 +523,8 @@ func (h *slotHandle) result(st uint32) ([]float32, error) {
 		return nil, &frontend.BadInputError{Row: 0, Table: -1, Reason: "the embedder refused the request's ids (does the frontend's --bundle match the served model?)"}
 	case shm.StatusUnavailable:
 		return nil, fmt.Errorf("shmbackend: serving side could not run the request: %w", frontend.ErrUnavailable)
+	case shm.StatusOverloaded:
+		return nil, fmt.Errorf("shmbackend: shed by the embedder: it cannot finish within the latency target now: %w", frontend.ErrFull)
 	}
 	return nil, fmt.Errorf("shmbackend: request failed on the serving side (status %d)", st)
 }

@@ -41,13 +41,17 @@ func runMesh(ctx context.Context, e *env, args []string) error {
 	port := fs.Int("port", 8001, "gRPC port of the frontends")
 	binDir := fs.String("bin-dir", "", "`dir` holding the embedder, accelerator and frontend binaries (default: beside recmesh)")
 	segment := fs.String("segment", "recmesh", "shared-memory segment name")
-	mode := fs.String("batch-mode", "full", "embedder batching: none, model or full")
+	mode := fs.String("batch-mode", "slo", "embedder batching: slo, none, model or full (see embedder -h)")
+	target := fs.Duration("latency-target", 20*time.Millisecond, "end-to-end p99 budget: slo batching sizes batches and sheds load for it, frontends count misses of it")
 	natsURL := fs.String("nats-url", "", "NATS server (env NATS_URL); empty starts an embedded one")
 	if err := parseFlags(fs, args, e); err != nil {
 		return err
 	}
 	if *frontends < 1 || *frontends > 64 {
 		return usagef("--frontends %d: want 1..64", *frontends)
+	}
+	if *target < time.Millisecond || *target > time.Minute {
+		return usagef("--latency-target %v: want 1ms..1m", *target)
 	}
 	if *natsURL == "" {
 		*natsURL = e.getenv("NATS_URL")
@@ -85,6 +89,7 @@ func runMesh(ctx context.Context, e *env, args []string) error {
 		"NATS_URL=" + *natsURL,
 		"RECMESH_BUNDLE=" + *bundle,
 		"RECMESH_SEGMENT=" + *segment,
+		"RECMESH_LATENCY_TARGET=" + target.String(),
 	}
 	bin := func(name string) string { return filepath.Join(*binDir, name) }
 	if err := m.start("embedder", common, bin("embedder"), "--batch-mode", *mode); err != nil {

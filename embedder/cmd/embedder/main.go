@@ -65,7 +65,8 @@ func run(args []string) error {
 		shmDir      = fs.String("shm-dir", shm.DefaultDir, "directory of the shared-memory segment (/dev/shm or a hugetlbfs mount)")
 		segment     = fs.String("segment", embedder.DefaultSegment, "segment file name")
 		lanes       = fs.Int("lanes", embedder.DefaultLanes, "frontend lanes (frontends that can attach at once)")
-		mode        = fs.String("batch-mode", "full", "batching: none (one lookup and model call per request), model (merge model calls), full (merge lookups and model calls)")
+		mode        = fs.String("batch-mode", "slo", "batching: slo (merge model calls while the device is busy, as large as the latency target allows; shed what cannot meet it), none (one lookup and model call per request), model (merge model calls whenever the device is busy), full (merge lookups and model calls within --batch-window)")
+		target      = fs.Duration("latency-target", batch.DefaultLatencyTarget, "slo mode: the end-to-end p99 budget batches are sized for and requests are admitted against")
 		maxBatch    = fs.Int("max-batch", batch.DefaultMaxBatch, "most examples per batch")
 		window      = fs.Duration("batch-window", batch.DefaultWindow, "how long a full-mode batch waits for more requests")
 		workers     = fs.Int("workers", 0, "lookup goroutines (0: the usable cores)")
@@ -99,6 +100,9 @@ func run(args []string) error {
 	if *window < 0 || *window > time.Second {
 		return fmt.Errorf("--batch-window %v: want 0..1s", *window)
 	}
+	if *target < time.Millisecond || *target > time.Minute {
+		return fmt.Errorf("--latency-target %v: want 1ms..1m", *target)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -122,7 +126,7 @@ func run(args []string) error {
 	}
 	e, err := embedder.New(embedder.Options{
 		Bundle: *bundle, ShmDir: *shmDir, Segment: *segment, Lanes: *lanes,
-		Mode: m, MaxBatch: *maxBatch, Window: *window, Workers: *workers, Staging: *staging,
+		Mode: m, MaxBatch: *maxBatch, Window: *window, LatencyTarget: *target, Workers: *workers, Staging: *staging,
 		Log: tel.Log, Registry: tel.Registry, OnGeneration: announce, Tracer: tel.Tracer,
 	})
 	if err != nil {

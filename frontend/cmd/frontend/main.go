@@ -76,6 +76,7 @@ type config struct {
 	referenceDelay time.Duration
 	drainDelay     time.Duration
 	drainTimeout   time.Duration
+	latencyTarget  time.Duration
 	logLevel       slog.Level
 }
 
@@ -116,6 +117,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.referenceDelay, "reference-delay", 0, "reference backend only, for tests: extra delay per call")
 	fs.DurationVar(&c.drainDelay, "drain-delay", frontend.DefaultDrainDelay, "on SIGTERM, keep serving unready this long before refusing new calls")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", frontend.DefaultDrainTimeout, "on SIGTERM, give calls in flight this long to finish")
+	fs.DurationVar(&c.latencyTarget, "latency-target", frontend.DefaultLatencyTarget, "latency budget of a call; slower answers count in recmesh_frontend_budget_misses_total")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: frontend [flags]\n\nEvery flag has an environment twin; the command line wins.\n\n")
@@ -161,14 +163,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 // flagOf names the flag that sets each frontend.Options field, so that a
 // configuration error says what to change.
 var flagOf = map[string]string{
-	"Listen":       "--listen (or --port)",
-	"MetricsAddr":  "--metrics-addr",
-	"ModelName":    "--model-name",
-	"ModelVersion": "--model-version",
-	"MaxBatch":     "--max-batch",
-	"Model":        "--bundle",
-	"DrainDelay":   "--drain-delay",
-	"DrainTimeout": "--drain-timeout",
+	"Listen":        "--listen (or --port)",
+	"MetricsAddr":   "--metrics-addr",
+	"ModelName":     "--model-name",
+	"ModelVersion":  "--model-version",
+	"MaxBatch":      "--max-batch",
+	"Model":         "--bundle",
+	"DrainDelay":    "--drain-delay",
+	"DrainTimeout":  "--drain-timeout",
+	"LatencyTarget": "--latency-target",
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
@@ -243,6 +246,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Backend:        backend,
 		DrainDelay:     c.drainDelay,
 		DrainTimeout:   c.drainTimeout,
+		LatencyTarget:  c.latencyTarget,
 		Registerer:     reg,
 		Gatherer:       reg,
 		Logger:         log,
