@@ -1,5 +1,5 @@
 // Package pyarm starts and stops the Python baseline servers of
-// bench/python/server.py (arms py and py-mp), so the load generator, the
+// bench/python/server.py (the arms in Modes), so the load generator, the
 // parity check and the tests can drive them like any other OIP v2 server.
 package pyarm
 
@@ -12,12 +12,26 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 )
+
+// Modes are server.py's arms: py (one process, no batching), py-batch (one
+// process, dynamic batching), py-mp (SO_REUSEPORT frontends feeding one
+// device-owner process over shared memory, one call per request),
+// py-mp-batch (the same with a dynamic batcher per frontend and a zero-wait
+// merger in the device owner) and py-mp-local (SO_REUSEPORT copies of py).
+var Modes = []string{"py", "py-batch", "py-mp", "py-mp-batch", "py-mp-local"}
+
+// MultiProcess reports whether mode runs several processes, the count set
+// by Options.Processes.
+func MultiProcess(mode string) bool {
+	return strings.HasPrefix(mode, "py-mp")
+}
 
 // Paths locate the Python side.
 type Paths struct {
@@ -53,7 +67,7 @@ func (p Paths) Check() error {
 // Options describe one server.
 type Options struct {
 	Paths
-	// Mode is "py" or "py-mp".
+	// Mode is one of Modes.
 	Mode string
 	// Host and Port to listen on (default 127.0.0.1, and 0 = pick a free
 	// port; the chosen one is in Server.Addr).
@@ -61,9 +75,10 @@ type Options struct {
 	Port int
 	// Bundle is the bundle directory.
 	Bundle string
-	// Workers is gRPC threads per process and Processes the py-mp process
-	// count; WarmMax is the largest bucket compiled before ready. Zero
-	// takes server.py's defaults.
+	// Workers is gRPC threads per process; Processes the process (py-mp*:
+	// frontend) count of a MultiProcess mode, ignored by the others;
+	// WarmMax the largest bucket compiled before ready. Zero takes
+	// server.py's defaults.
 	Workers, Processes, WarmMax int
 	// Args are further server.py flags.
 	Args []string
@@ -90,14 +105,21 @@ type Server struct {
 }
 
 // Start launches the server and waits until it says READY (bundle loaded,
-// warm-up compiled), the process exits, or ctx ends. The process leads its
-// own process group, so Stop reaches py-mp's children too.
+// warm-up compiled, every process ready), the process exits, or ctx ends.
+// The process leads its own process group, so Stop reaches the children of
+// the multi-process modes too.
 func Start(ctx context.Context, o Options) (*Server, error) {
+	if !slices.Contains(Modes, o.Mode) {
+		return nil, fmt.Errorf("pyarm: unknown mode %q (want one of %s)", o.Mode, strings.Join(Modes, ", "))
+	}
 	if err := o.Paths.Check(); err != nil {
 		return nil, err
 	}
 	if o.Host == "" {
 		o.Host = "127.0.0.1"
+	}
+	if !MultiProcess(o.Mode) {
+		o.Processes = 0
 	}
 	args := []string{o.Script, "--mode", o.Mode, "--host", o.Host, "--port", strconv.Itoa(o.Port),
 		"--bundle", o.Bundle, "--stubs", o.Stubs}
@@ -160,7 +182,8 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	}
 }
 
-// PID is the server's (py-mp: the supervisor's) process id.
+// PID is the server's (multi-process modes: the supervisor's) process id;
+// it is also the process group of every process of the arm.
 func (s *Server) PID() int { return s.cmd.Process.Pid }
 
 // Exited reports whether the server process has ended.
@@ -185,7 +208,7 @@ func (s *Server) Stop(grace time.Duration) error {
 		<-s.done
 		return fmt.Errorf("pyarm: server %d did not stop within %v; killed", pgid, grace)
 	}
-	// Children of py-mp that ignored the group signal are killed too.
+	// Children that ignored the group signal are killed too.
 	syscall.Kill(-pgid, syscall.SIGKILL)
 	var ee *exec.ExitError
 	if s.err != nil && !(errors.As(s.err, &ee) && ee.Exited() && ee.ExitCode() == 0) {

@@ -2,9 +2,11 @@ package pyarm
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -195,28 +197,201 @@ func expectCode(t *testing.T, c pb.GRPCInferenceServiceClient, req *pb.ModelInfe
 	}
 }
 
-// TestPyMP starts two processes on one port and checks that parity holds
-// and that connections are spread over both (each burns CPU under load).
-func TestPyMP(t *testing.T) {
+// TestModes starts every mode on the small bundle (two processes for the
+// multi-process ones) and checks parity, concurrent requests of several
+// sizes, a bad request among good ones in one batch window, that load
+// reaches every server process, and that a stop leaves no process and no
+// shared memory behind.
+func TestModes(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts two JAX processes")
+		t.Skip("starts every Python arm")
 	}
 	p := paths(t)
 	dir, b, ref := fixture(t)
-	s := start(t, Options{Paths: p, Mode: "py-mp", Bundle: dir, Processes: 2, Workers: 2, WarmMax: 4})
-	// 16 connections hashed over 2 listeners all land on one with
-	// probability 2^-15.
-	pool := dial(t, s.Addr, 16)
-	ctx := context.Background()
-	r, err := parity.Check(ctx, pool.Client(3), b.Config, ref, parity.Options{Examples: 12, BatchSizes: []int{1, 4, 7}})
+	for _, mode := range Modes {
+		t.Run(mode, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			o := Options{Paths: p, Mode: mode, Bundle: dir, Workers: 16, WarmMax: 16, Log: testLog{t}}
+			if MultiProcess(mode) {
+				o.Processes = 2
+			}
+			s, err := Start(ctx, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stopped := false
+			defer func() {
+				if !stopped {
+					s.Stop(5 * time.Second)
+				}
+			}()
+			children := childPIDs(t, s.PID())
+			t.Logf("ready on %s, children %v", s.Addr, children)
+			owner := mode == "py-mp" || mode == "py-mp-batch"
+			want := 0
+			if MultiProcess(mode) {
+				want = o.Processes
+			}
+			if owner {
+				want++
+			}
+			if len(children) != want {
+				t.Errorf("%d child processes, want %d", len(children), want)
+			}
+			if owner {
+				// Every child maps the arm's shared memory (the owner all
+				// of it), and nothing of it is left in /dev/shm by name.
+				for _, pid := range children {
+					maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !strings.Contains(string(maps), shmPrefix(s.PID())) {
+						t.Errorf("process %d maps no %s* file", pid, shmPrefix(s.PID()))
+					}
+				}
+			}
+			checkNoShm(t, s.PID())
+
+			pool := dial(t, s.Addr, 16)
+			r, err := parity.Check(ctx, pool.Client(1), b.Config, ref, parity.Options{Examples: 40, BatchSizes: []int{1, 3, 16, 20}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.Pass {
+				t.Errorf("parity failed: %v", r)
+			}
+			concurrent(t, pool, b.Config, ref)
+			badAmongGood(t, pool, b.Config, ref)
+			if MultiProcess(mode) {
+				spread(t, s, pool, b.Config, children)
+			}
+
+			stopped = true
+			if err := s.Stop(15 * time.Second); err != nil {
+				t.Errorf("stop: %v", err)
+			}
+			for _, pid := range children {
+				if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+					t.Errorf("child %d still exists after the stop", pid)
+				}
+			}
+			if left := groupPIDs(t, s.PID()); len(left) > 0 {
+				t.Errorf("processes %v of the arm's group outlive it", left)
+			}
+			checkNoShm(t, s.PID())
+		})
+	}
+}
+
+// concurrent sends requests of 1, 3 and 16 examples from many goroutines
+// at once and checks every score.
+func concurrent(t *testing.T, pool *oip.Pool, cfg model.Config, ref *model.Reference) {
+	t.Helper()
+	sizes := []int{1, 3, 16, 1, 3, 16, 1, 3, 16, 1, 3, 16}
+	errs := make(chan error, len(sizes))
+	start := make(chan struct{})
+	for i, n := range sizes {
+		c := pool.Client(i)
+		dense, sparse := model.RandomInputs(cfg, uint64(100+i), n)
+		want, err := ref.Predict(dense, sparse, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := oip.BuildRequest(oip.DefaultModelName, cfg, dense, sparse, n, oip.TypeINT32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			<-start
+			errs <- infer(c, req, want)
+		}()
+	}
+	close(start)
+	for range sizes {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// badAmongGood sends a request with an id outside its table together with
+// good ones: the bad one gets INVALID_ARGUMENT, the others their scores.
+func badAmongGood(t *testing.T, pool *oip.Pool, cfg model.Config, ref *model.Reference) {
+	t.Helper()
+	const good = 8
+	errs := make(chan error, good+1)
+	start := make(chan struct{})
+	for i := range good {
+		c := pool.Client(i)
+		dense, sparse := model.RandomInputs(cfg, uint64(200+i), 2)
+		want, err := ref.Predict(dense, sparse, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := oip.BuildRequest(oip.DefaultModelName, cfg, dense, sparse, 2, oip.TypeINT32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			<-start
+			errs <- infer(c, req, want)
+		}()
+	}
+	dense, sparse := model.RandomInputs(cfg, 300, 2)
+	sparse[cfg.SparseWidth()+cfg.HotnessOffsets()[3]] = int32(cfg.VocabSizes[3]) // example 1, table 3
+	bad, err := oip.BuildRequest(oip.DefaultModelName, cfg, dense, sparse, 2, oip.TypeINT32)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !r.Pass {
-		t.Errorf("parity failed: %v", r)
+	c := pool.Client(good)
+	go func() {
+		<-start
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := c.ModelInfer(ctx, bad)
+		if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.Contains(s.Message(), "table 3") {
+			errs <- fmt.Errorf("bad request: got %v, want InvalidArgument mentioning table 3", err)
+			return
+		}
+		errs <- nil
+	}()
+	close(start)
+	for range good + 1 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
+}
 
-	w, err := loadgen.NewWorkload(b.Config, loadgen.WorkloadOptions{BatchSize: 2, PoolRequests: 16, Seed: 1})
+// infer sends req and compares its scores with want.
+func infer(c pb.GRPCInferenceServiceClient, req *pb.ModelInferRequest, want []float32) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := c.ModelInfer(ctx, req)
+	if err != nil {
+		return fmt.Errorf("request of %d examples: %w", len(want), err)
+	}
+	got, err := oip.Scores(resp, len(want))
+	if err != nil {
+		return err
+	}
+	for i := range got {
+		if d := math.Abs(float64(got[i] - want[i])); d > parity.DefaultTolerance {
+			return fmt.Errorf("request of %d examples, example %d: score %v, reference %v", len(want), i, got[i], want[i])
+		}
+	}
+	return nil
+}
+
+// spread drives the arm with the load generator over the pool's 16
+// connections and checks that every child burned CPU: each server process
+// (16 connections hashed over 2 listeners all land on one with probability
+// 2^-15) and the device owner, if any.
+func spread(t *testing.T, s *Server, pool *oip.Pool, cfg model.Config, children []int) {
+	t.Helper()
+	w, err := loadgen.NewWorkload(cfg, loadgen.WorkloadOptions{BatchSize: 2, PoolRequests: 16, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,26 +408,86 @@ func TestPyMP(t *testing.T) {
 			}
 		},
 	}
-	res, err := loadgen.Run(ctx, pool, w, loadgen.Config{Mode: loadgen.Closed, Concurrency: 16, Warmup: 300 * time.Millisecond, Duration: 1500 * time.Millisecond}, hooks)
+	res, err := loadgen.Run(context.Background(), pool, w, loadgen.Config{Mode: loadgen.Closed, Concurrency: 16, Warmup: 300 * time.Millisecond, Duration: 1500 * time.Millisecond}, hooks)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if monErr != nil {
 		t.Fatal(monErr)
 	}
+	t.Logf("load: %.1f req/s, p50 %.2f ms p99 %.2f ms", res.RequestsPerS, res.Latency.P50, res.Latency.P99)
 	if res.Errors != 0 || res.OK == 0 {
 		t.Errorf("load run: ok %d errors %v (%s)", res.OK, res.ErrorsByCode, res.FirstError)
 	}
-	var workers int
+	busy := map[int]bool{}
 	for _, pr := range rep.Processes {
 		t.Logf("process %d %s: cpu %.3f s, rss %d MiB", pr.PID, pr.Comm, pr.CPUSeconds, pr.PeakRSSBytes>>20)
-		if pr.PID != s.PID() && pr.CPUSeconds >= 0.05 {
-			workers++
+		busy[pr.PID] = pr.CPUSeconds >= 0.05
+	}
+	for _, pid := range children {
+		if !busy[pid] {
+			t.Errorf("process %d served no load", pid)
 		}
 	}
-	if workers != 2 {
-		t.Errorf("%d of 2 server processes served load", workers)
+}
+
+func shmPrefix(pid int) string { return fmt.Sprintf("/dev/shm/recmesh-bench-py-%d-", pid) }
+
+// checkNoShm fails if /dev/shm holds a file of the arm led by pid.
+func checkNoShm(t *testing.T, pid int) {
+	t.Helper()
+	left, err := filepath.Glob(shmPrefix(pid) + "*")
+	if err != nil {
+		t.Fatal(err)
 	}
+	if len(left) > 0 {
+		t.Errorf("shared memory left in /dev/shm: %v", left)
+	}
+}
+
+// childPIDs lists the processes whose parent is pid.
+func childPIDs(t *testing.T, pid int) []int {
+	t.Helper()
+	return scanProc(t, func(st procStat) bool { return st.ppid == pid })
+}
+
+// groupPIDs lists the processes of process group pgid.
+func groupPIDs(t *testing.T, pgid int) []int {
+	t.Helper()
+	return scanProc(t, func(st procStat) bool { return st.pgrp == pgid })
+}
+
+type procStat struct{ ppid, pgrp int }
+
+func scanProc(t *testing.T, match func(procStat) bool) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid pgrp ...; comm may hold spaces.
+		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+		if len(f) < 3 {
+			continue
+		}
+		var st procStat
+		st.ppid, _ = strconv.Atoi(f[1])
+		st.pgrp, _ = strconv.Atoi(f[2])
+		if match(st) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // testLog writes the server's log lines into the test log.

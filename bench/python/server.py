@@ -3,30 +3,86 @@
 
 They serve the DLRM-DCNv2 model over the same Open Inference Protocol v2
 gRPC API (inference.GRPCInferenceService) as recmesh, so one load generator
-drives every arm. This is the natural Python deployment of a JAX model:
+drives every arm. They are the Python designs of the published study
+(shared/reference/published-dlrm-benchmark.md), each built the way a
+competent Python engineer would, from standard building blocks only: grpcio
+servers with a thread pool, NumPy `take` + `sum` embedding lookups into a
+(B, 26, 128) buffer, and the DCNv2 dense network under `jax.jit`, compiled
+once per power-of-two batch bucket (inputs are padded up to their bucket).
 
-  py     one process: a grpcio server with --workers threads; per request,
-         NumPy `take` + `sum` embedding lookups into a preallocated
-         (B, 26, 128) buffer, then the DCNv2 dense network under `jax.jit`
-         on the CPU, compiled once per power-of-two batch bucket (requests
-         are padded up to their bucket).
-  py-mp  --processes such servers sharing one port with SO_REUSEPORT, each
-         with its own private copy of the tables and its own jitted network.
-         The parent only starts them: it never imports gRPC, NumPy or JAX,
-         and each child is a fresh interpreter (subprocess), since fork()
-         after gRPC or JAX have started threads is unsafe.
+  py           one process; each request is gathered and run through the
+               network by the gRPC worker thread that received it.
+  py-batch     one process; worker threads queue validated requests in a
+               DynamicBatcher (batcher.py: 1 ms window, at most --max-batch
+               examples) and one batching thread runs ONE gather and ONE
+               jitted call per batch, then hands each request its scores.
+  py-mp        --processes SO_REUSEPORT frontend processes, each with its own
+               private table copy and NumPy gather, feeding ONE device-owner
+               process that runs the network: per request, the frontend
+               gathers into a /dev/shm slot and the owner makes one jitted
+               call for it and writes the scores back into the slot.
+  py-mp-batch  the study's best design: py-mp's frontends, each with a
+               DynamicBatcher in front of its gather (one gather per batch,
+               straight into a slot), and a device owner that is a zero-wait
+               merger: it takes every batch waiting from all frontends,
+               concatenates them into one bucket, makes one jitted call and
+               writes each batch's scores back; it never waits for more work.
+  py-mp-local  --processes SO_REUSEPORT copies of the py server, each with its
+               own tables and its own jitted network (an extra arm: on a CPU,
+               where the "device" is the host, it avoids the hand-over).
 
-The math is model/reference.go's: bottom MLP with ReLU after every layer;
-x0 = concat(bottom output, 26 pooled vectors) (3456 wide); three cross
-layers x_{l+1} = x0 * ((x_l @ V_l) @ U_l + b_l) + x_l; top MLP with ReLU
-after every layer but the last; sigmoid. Weights are stored [in, out] in the
-bundle's model.safetensors, which is parsed here (an 8-byte little-endian
-header length, a JSON header, then the data) and read into private memory.
+The shared memory of py-mp and py-mp-batch (shm.py): per frontend, one
+/dev/shm file of slots (dense, pooled and scores regions); a frontend
+submits a filled slot by writing a 16-byte record to one pipe shared by all
+frontends, where the device owner sleeps in poll(); the owner signals a
+slot's scores through that slot's eventfd, on which the waiting frontend
+thread sleeps in read(). Nothing spins, and every hand-over goes through a
+system call, which orders the memory accesses around it. The files are
+unlinked as soon as they are created (the processes share them by
+descriptor), so none is ever left behind.
+
+Tuning choices (each overridable by its flag):
+  - Usable CPUs are len(os.sched_getaffinity(0)) (logged at READY), so a
+    taskset-pinned arm sizes itself to its pin. Every process that runs JAX
+    as the arm's only JAX process (py, py-batch, the device owner) keeps
+    XLA's default, an intra-op pool with one thread per usable CPU, so one
+    jitted call can use them all; py-mp-local's processes run their dense
+    math single-threaded (--xla-threads 1, i.e.
+    --xla_cpu_multi_thread_eigen=false), as N processes each with an
+    all-CPU pool would oversubscribe the CPUs.
+  - py-mp and py-mp-batch frontends never import JAX: they only need grpc
+    and NumPy, which keeps their startup and memory small; the device owner
+    holds the dense weights and no tables. Every process keeps NumPy's
+    OpenBLAS to one thread (OPENBLAS_NUM_THREADS=1): take and sum are not
+    BLAS, and idle pools per process only cost memory. Gathers run
+    single-threaded in the thread that calls them.
+  - --workers gRPC worker threads per process: 8 (the study's) in the
+    unbatched arms; 256 in the batching arms, where a worker mostly waits
+    for its batch, so that up to 256 concurrent requests per process can
+    share batches (threads are started on demand).
+  - Each table copy is private anonymous memory (read, not mmapped), one per
+    process that gathers, as in the study: py-mp* hold --processes copies.
+  - Warm-up compiles buckets 1, 2, 4, ... up to --warm-max (default 256 for
+    the unbatched arms, --max-batch for the batching ones, whose merged
+    batches reach it) before READY, in whichever process runs JAX.
+
+Requests are validated (INVALID_ARGUMENT naming the tensor) in the process
+and thread that received them, before anything is queued, so a bad request
+never touches a batch. The device owner does not listen: a frontend is
+ready once a warm-up request has made the round trip through it.
+
+Processes: py and py-batch are one process. The py-mp* parent only starts
+and watches its children (device owner first, then the frontends): it never
+imports gRPC, NumPy or JAX, and each child is a fresh interpreter
+(subprocess), since fork() after gRPC or JAX have started threads is unsafe.
+Children die with the parent (PR_SET_PDEATHSIG); if one dies, or does not
+stop within 10 s of a stop, the parent stops the rest and exits 1.
 
 Protocol: one line on stdout per milestone, for whoever started the server:
 "BOUND host:port" once listening (ServerReady still false), "READY
-host:port" once the bundle is loaded and every warm-up bucket compiled
-(ServerReady and ModelReady true from then on). Logs go to stderr.
+host:port" once the bundle is loaded, every warm-up bucket compiled and, in
+py-mp*, every process ready (ServerReady and ModelReady true from then on).
+Logs go to stderr.
 """
 
 import argparse
@@ -35,21 +91,23 @@ import logging
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 
-# Only the standard library is imported at the top: py-mp's parent must
+# Only the standard library is imported at the top: the py-mp* parent must
 # start its children before anything starts threads.
 
 MODEL_NAME = "dlrm"
-NUM_TABLES = 26
-NUM_DENSE = 13
-EMBEDDING_DIM = 128
 MAX_MESSAGE_BYTES = 64 << 20
 SERVER_NAME = "recmesh-bench-python"
+MODES = ("py", "py-batch", "py-mp", "py-mp-batch", "py-mp-local")
+BATCHED = ("py-batch", "py-mp-batch")
+MULTI_PROCESS = ("py-mp", "py-mp-batch", "py-mp-local")
+# Slots per py-mp-batch frontend: one batch with the device owner while the
+# next is gathered.
+BATCH_SLOTS = 2
 
 log = logging.getLogger("bench-py")
 
@@ -59,28 +117,41 @@ def parse_args(argv):
     default_stubs = os.environ.get(
         "RECMESH_BENCH_PYGEN", os.path.join(here, "..", "..", ".deps", "bench-pygen"))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=["py", "py-mp"], default="py")
+    p.add_argument("--mode", choices=MODES, default="py")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (IPv6 without brackets)")
     p.add_argument("--port", type=int, default=8001,
                    help="port; 0 picks a free one (printed on the BOUND/READY lines)")
     p.add_argument("--bundle", required=True, help="bundle directory (config.json, model.safetensors)")
-    p.add_argument("--workers", type=int, default=8, help="gRPC worker threads per process")
-    p.add_argument("--processes", type=int, default=2, help="py-mp: server processes")
+    p.add_argument("--workers", type=int, default=None,
+                   help="gRPC worker threads per process (default 8; 256 in the batching arms)")
+    p.add_argument("--processes", type=int, default=2, help="py-mp*: frontend (server) processes")
     p.add_argument("--model-name", default=MODEL_NAME)
-    p.add_argument("--max-batch", type=int, default=4096, help="largest request accepted (examples)")
-    p.add_argument("--warm-max", type=int, default=256,
-                   help="compile buckets 1, 2, 4, ... up to this before READY; larger ones compile on first use")
+    p.add_argument("--max-batch", type=int, default=4096,
+                   help="largest request accepted and largest batch formed (examples)")
+    p.add_argument("--batch-window", type=float, default=1.0,
+                   help="batching arms: ms a batch waits for more requests after its first")
+    p.add_argument("--warm-max", type=int, default=None,
+                   help="compile buckets 1, 2, 4, ... up to this before READY (default 256; the batching "
+                        "arms: --max-batch); larger ones compile on first use")
     p.add_argument("--xla-threads", choices=["auto", "1"], default=None,
-                   help="XLA CPU intra-op threads: auto (all CPUs) or 1; default auto for py, "
-                        "1 for py-mp (N processes each with an all-CPU pool would oversubscribe)")
+                   help="XLA CPU intra-op threads: auto (one per usable CPU) or 1; default 1 for "
+                        "py-mp-local, auto otherwise")
     p.add_argument("--stubs", default=default_stubs, help="directory of the generated grpc_service_pb2*.py")
-    p.add_argument("--reuseport", action="store_true", help="bind with SO_REUSEPORT (py-mp children)")
     p.add_argument("--log-level", default="INFO")
+    # Set by the py-mp* parent for its children.
+    p.add_argument("--reuseport", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=["owner", "frontend"], help=argparse.SUPPRESS)
+    p.add_argument("--link", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.workers < 1 or args.processes < 1 or args.max_batch < 1 or args.warm_max < 1:
-        p.error("--workers, --processes, --max-batch and --warm-max must be at least 1")
+    batched = args.mode in BATCHED
+    if args.workers is None:
+        args.workers = 256 if batched else 8
+    if args.warm_max is None:
+        args.warm_max = args.max_batch if batched else 256
     if args.xla_threads is None:
-        args.xla_threads = "1" if args.mode == "py-mp" else "auto"
+        args.xla_threads = "1" if args.mode == "py-mp-local" else "auto"
+    if min(args.workers, args.processes, args.max_batch, args.warm_max) < 1 or args.batch_window < 0:
+        p.error("--workers, --processes, --max-batch and --warm-max must be at least 1, --batch-window at least 0")
     return args
 
 
@@ -89,171 +160,22 @@ def hostport(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def announce(word, host, port):
+def announce(line):
     """Writes a milestone line on stdout for the process that started us."""
-    sys.stdout.write(f"{word} {hostport(host, port)}\n")
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-# ---------------------------------------------------------------- bundle
-
-def read_bundle(directory):
-    """Returns (config dict, {tensor name: private float32 ndarray})."""
-    import numpy as np
-
-    with open(os.path.join(directory, "config.json")) as f:
-        config = json.load(f)
-    path = os.path.join(directory, "model.safetensors")
-    tensors = {}
-    with open(path, "rb", buffering=0) as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise ValueError(f"{path}: shorter than the 8-byte header length")
-        (n,) = struct.unpack("<Q", head)
-        if n > 100_000_000:
-            raise ValueError(f"{path}: header length {n} is implausible")
-        header = json.loads(f.read(n))
-        data_start = 8 + n
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            if info["dtype"] != "F32":
-                raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, want F32")
-            begin, end = info["data_offsets"]
-            shape = tuple(info["shape"])
-            arr = np.empty(shape, dtype="<f4")
-            if arr.nbytes != end - begin:
-                raise ValueError(f"{path}: tensor {name}: shape {shape} needs {arr.nbytes} bytes, "
-                                 f"data_offsets give {end - begin}")
-            # readinto fills anonymous memory: every process gets its own
-            # copy, as a Python deployment that loads its weights would.
-            f.seek(data_start + begin)
-            view = memoryview(arr).cast("B")
-            got = 0
-            while got < arr.nbytes:
-                k = f.readinto(view[got:])
-                if not k:
-                    raise ValueError(f"{path}: tensor {name}: file ends after {got} of {arr.nbytes} bytes")
-                got += k
-            tensors[name] = arr
-    return config, tensors
-
-
-# ---------------------------------------------------------------- model
-
-def next_pow2(n):
-    return 1 << (n - 1).bit_length()
-
-
-class Model:
-    """NumPy lookups and a jitted DCNv2 network over one bundle."""
-
-    def __init__(self, config, tensors, max_batch):
-        import jax
-        import jax.numpy as jnp
-        import numpy as np
-
-        self.np = np
-        self.max_batch = max_batch
-        self.hotness = list(config["hotness"])
-        self.vocab = list(config["vocab_sizes"])
-        if len(self.hotness) != NUM_TABLES or config["num_dense"] != NUM_DENSE or config["embedding_dim"] != EMBEDDING_DIM:
-            raise ValueError("bundle is not the DLRMv2 layout (26 tables, 13 dense, dim 128)")
-        self.width = sum(self.hotness)
-        self.offsets = [sum(self.hotness[:t]) for t in range(NUM_TABLES)]
-        # The exclusive upper bound of every id column, for one vectorised
-        # range check per request.
-        self.limits = np.repeat(np.asarray(self.vocab, dtype=np.int64), self.hotness)
-        self.tables = [tensors[f"embedding.{t}.weight"] for t in range(NUM_TABLES)]
-
-        def dense_layers(prefix, count):
-            return [(jnp.asarray(tensors[f"{prefix}.{i}.kernel"]), jnp.asarray(tensors[f"{prefix}.{i}.bias"]))
-                    for i in range(count)]
-
-        # The weights are arguments of the jitted function, not closure
-        # constants, so one copy serves every bucket's executable.
-        self.params = {
-            "bottom": dense_layers("bottom_mlp", len(config["bottom_mlp"])),
-            "cross": [(jnp.asarray(tensors[f"cross.{i}.v"]), jnp.asarray(tensors[f"cross.{i}.u"]),
-                       jnp.asarray(tensors[f"cross.{i}.bias"])) for i in range(config["cross_layers"])],
-            "top": dense_layers("top_mlp", len(config["top_mlp"])),
-        }
-
-        hi = jax.lax.Precision.HIGHEST
-
-        def forward(params, dense, pooled):
-            x = dense
-            for w, b in params["bottom"]:
-                x = jax.nn.relu(jnp.dot(x, w, precision=hi) + b)
-            x0 = jnp.concatenate([x, pooled.reshape(pooled.shape[0], -1)], axis=1)
-            xl = x0
-            for v, u, b in params["cross"]:
-                xl = x0 * (jnp.dot(jnp.dot(xl, v, precision=hi), u, precision=hi) + b) + xl
-            y = xl
-            last = len(params["top"]) - 1
-            for i, (w, b) in enumerate(params["top"]):
-                y = jnp.dot(y, w, precision=hi) + b
-                if i < last:
-                    y = jax.nn.relu(y)
-            return jax.nn.sigmoid(y[:, 0])
-
-        self.forward = jax.jit(forward)
-        self.local = threading.local()
-
-    def buffers(self, bucket):
-        """This thread's padded (dense, pooled) input buffers for a bucket."""
-        bufs = getattr(self.local, "bufs", None)
-        if bufs is None:
-            bufs = self.local.bufs = {}
-        if bucket not in bufs:
-            np = self.np
-            bufs[bucket] = (np.zeros((bucket, NUM_DENSE), np.float32),
-                            np.zeros((bucket, NUM_TABLES, EMBEDDING_DIM), np.float32))
-        return bufs[bucket]
-
-    def check_ids(self, sparse):
-        """Returns an error message when an id is outside its table."""
-        bad = (sparse < 0) | (sparse >= self.limits)
-        if not bad.any():
-            return None
-        e, col = (int(i) for i in self.np.argwhere(bad)[0])
-        table = int(self.np.searchsorted(self.offsets, col, side="right")) - 1
-        return f"example {e}: id {int(sparse[e, col])} of table {table} outside [0, {self.vocab[table]})"
-
-    def predict(self, dense, sparse):
-        """Scores for dense (B, 13) float32 and validated sparse (B, 214) ids."""
-        np = self.np
-        b = dense.shape[0]
-        bucket = next_pow2(b)
-        dense_buf, pooled = self.buffers(bucket)
-        dense_buf[:b] = dense
-        for t, table in enumerate(self.tables):
-            off, h = self.offsets[t], self.hotness[t]
-            np.take(table, sparse[:, off:off + h], axis=0).sum(axis=1, out=pooled[:b, t])
-        # Rows b..bucket keep an earlier request's (finite) values; their
-        # scores are computed and dropped.
-        scores = self.forward(self.params, dense_buf, pooled)
-        return np.asarray(scores)[:b]
-
-    def warm_up(self, warm_max):
-        """Compiles every bucket up to warm_max and runs each once."""
-        np = self.np
-        rng = np.random.default_rng(0)
-        bucket = 1
-        while bucket <= min(warm_max, self.max_batch):
-            t0 = time.monotonic()
-            dense = rng.random((bucket, NUM_DENSE), dtype=np.float32)
-            sparse = (rng.random((bucket, self.width)) * self.limits).astype(np.int32)
-            self.predict(dense, sparse)
-            log.info("bucket %d compiled in %.2f s", bucket, time.monotonic() - t0)
-            bucket *= 2
 
 
 # ---------------------------------------------------------------- service
 
-def make_servicer(pb2, pb2_grpc, model_ref, ready, args):
+def make_servicer(pb2, pb2_grpc, loaded, ready, args):
+    """The OIP v2 service over loaded (a dict that gets "model" and
+    "embeddings" once ready is set)."""
     import grpc
     import numpy as np
+
+    from batcher import Stopped
+    from layout import NUM_DENSE
 
     invalid = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -274,10 +196,11 @@ def make_servicer(pb2, pb2_grpc, model_ref, ready, args):
         def ModelMetadata(self, request, context):
             if request.name != args.model_name:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{request.name}'")
+            if not ready.is_set():
+                context.abort(grpc.StatusCode.UNAVAILABLE, "model is warming up")
             m = pb2.ModelMetadataResponse(name=args.model_name, versions=["1"], platform="jax")
-            width = model_ref[0].width if model_ref else 214
             m.inputs.add(name="dense", datatype="FP32", shape=[-1, NUM_DENSE])
-            m.inputs.add(name="sparse", datatype="INT32", shape=[-1, width])
+            m.inputs.add(name="sparse", datatype="INT32", shape=[-1, loaded["embeddings"].width])
             m.outputs.add(name="score", datatype="FP32", shape=[-1, 1])
             return m
 
@@ -308,7 +231,7 @@ def make_servicer(pb2, pb2_grpc, model_ref, ready, args):
                 context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{request.model_name}'")
             if not ready.is_set():
                 context.abort(grpc.StatusCode.UNAVAILABLE, "model is warming up")
-            model = model_ref[0]
+            embeddings = loaded["embeddings"]
             if request.raw_input_contents and len(request.raw_input_contents) != len(request.inputs):
                 context.abort(invalid, f"{len(request.raw_input_contents)} raw_input_contents for {len(request.inputs)} inputs")
             if len(request.inputs) != 2:
@@ -318,18 +241,24 @@ def make_servicer(pb2, pb2_grpc, model_ref, ready, args):
                     context.abort(invalid, f"unknown output '{o.name}'")
             dense = self.tensor(request, "dense", {"FP32": ("<f4", "fp32_contents")}, NUM_DENSE, context)
             sparse = self.tensor(request, "sparse", {"INT32": ("<i4", "int_contents"),
-                                                     "INT64": ("<i8", "int64_contents")}, model.width, context)
+                                                     "INT64": ("<i8", "int64_contents")}, embeddings.width, context)
             b = dense.shape[0]
             if sparse.shape[0] != b:
                 context.abort(invalid, f"dense has {b} examples, sparse {sparse.shape[0]}")
-            if b > model.max_batch:
-                context.abort(invalid, f"{b} examples, at most {model.max_batch} per request")
+            if b > args.max_batch:
+                context.abort(invalid, f"{b} examples, at most {args.max_batch} per request")
             if not np.isfinite(dense).all():
                 context.abort(invalid, "input 'dense' holds a NaN or infinity")
-            msg = model.check_ids(sparse)
+            msg = embeddings.check_ids(sparse)
             if msg:
                 context.abort(invalid, f"input 'sparse': {msg}")
-            scores = model.predict(dense, sparse)
+            try:
+                scores = loaded["model"].infer(dense, sparse)
+            except Stopped as e:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            except Exception as e:
+                log.exception("inference failed")
+                context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {e}")
 
             resp = pb2.ModelInferResponse(model_name=args.model_name, model_version="1", id=request.id)
             out = resp.outputs.add(name="score", datatype="FP32", shape=[b, 1])
@@ -342,12 +271,9 @@ def make_servicer(pb2, pb2_grpc, model_ref, ready, args):
     return Servicer()
 
 
-def serve_one(args):
-    """The py arm, and each child of py-mp."""
-    if args.xla_threads == "1":
-        flags = os.environ.get("XLA_FLAGS", "")
-        os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+def serve_grpc(args):
+    """py, py-batch, py-mp-local's processes and py-mp*'s frontends: a gRPC
+    server, listening at once, ready once arms.load has finished."""
     sys.path.insert(0, os.path.abspath(args.stubs))
     try:
         import grpc_service_pb2 as pb2
@@ -359,7 +285,7 @@ def serve_one(args):
     import grpc
 
     ready = threading.Event()
-    model_ref = []
+    loaded = {}
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="grpc"),
         options=[
@@ -369,43 +295,78 @@ def serve_one(args):
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ])
-    pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        make_servicer(pb2, pb2_grpc, model_ref, ready, args), server)
+    pb2_grpc.add_GRPCInferenceServiceServicer_to_server(make_servicer(pb2, pb2_grpc, loaded, ready, args), server)
     port = server.add_insecure_port(hostport(args.host, args.port))
     if port == 0:
         sys.exit(f"bench-py: cannot listen on {hostport(args.host, args.port)}")
     server.start()
-    announce("BOUND", args.host, port)
+    announce(f"BOUND {hostport(args.host, port)}")
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    failed = []
 
-    t0 = time.monotonic()
-    config, tensors = read_bundle(args.bundle)
-    log.info("bundle %s read in %.1f s", args.bundle, time.monotonic() - t0)
-    import jax
+    def prepare():
+        # In a thread, so that the main thread keeps handling signals while
+        # a frontend waits for the device owner.
+        t0 = time.monotonic()
+        try:
+            import arms
 
-    jax.config.update("jax_platforms", "cpu")
-    model = Model(config, tensors, args.max_batch)
-    model.warm_up(args.warm_max)
-    model_ref.append(model)
-    ready.set()
-    log.info("pid %d ready on %s after %.1f s (%d workers, XLA threads %s)",
-             os.getpid(), hostport(args.host, port), time.monotonic() - t0, args.workers, args.xla_threads)
-    announce("READY", args.host, port)
+            loaded["model"], loaded["embeddings"] = arms.load(args)
+        except Exception:
+            log.exception("cannot load the arm")
+            failed.append(True)
+            stop.set()
+            return
+        ready.set()
+        log.info("pid %d ready on %s after %.1f s (%s, %d workers, %d usable CPUs, XLA threads %s)",
+                 os.getpid(), hostport(args.host, port), time.monotonic() - t0, args.role or args.mode,
+                 args.workers, len(os.sched_getaffinity(0)), "none" if args.role == "frontend" else args.xla_threads)
+        announce(f"READY {hostport(args.host, port)}")
 
+    threading.Thread(target=prepare, name="prepare", daemon=True).start()
     while not stop.wait(1.0):
         pass
     ready.clear()
     server.stop(grace=2).wait()
+    if "model" in loaded:
+        loaded["model"].close()
+    sys.exit(1 if failed else 0)
 
 
-# ---------------------------------------------------------------- py-mp
+def serve_owner(args):
+    """The device owner of py-mp and py-mp-batch. It ignores SIGTERM and
+    SIGINT and exits once every frontend has gone (EOF on the submission
+    pipe), so that requests in flight at a stop still complete; a dead
+    parent kills it (PDEATHSIG SIGKILL)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from arms import DeviceOwner, load_network
+    from dlrm import is_table, read_bundle
+    from shm import OwnerLink
 
-def serve_multi(args, argv):
-    """Starts --processes children on one SO_REUSEPORT port and supervises
-    them: READY once all are; if one dies, all stop."""
+    link = OwnerLink(json.loads(args.link))
+    t0 = time.monotonic()
+    config, tensors = read_bundle(args.bundle, want=lambda name: not is_table(name))
+    network = load_network(args, config, tensors)
+    log.info("device owner pid %d ready after %.1f s (%d usable CPUs, XLA threads %s, %s)",
+             os.getpid(), time.monotonic() - t0, len(os.sched_getaffinity(0)), args.xla_threads,
+             "zero-wait merger" if args.mode == "py-mp-batch" else "one call per request")
+    announce("READY device-owner")
+    DeviceOwner(link, network, args.mode == "py-mp-batch", args.max_batch).serve()
+    log.info("device owner: every frontend has gone")
+
+
+# ---------------------------------------------------------------- py-mp*
+
+def supervise(args, argv):
+    """Starts the children of a multi-process arm on one SO_REUSEPORT port
+    and watches them: BOUND once every server listens, READY once every
+    child is ready; if one dies, all stop."""
+    import ctypes
+
     port = args.port
     holder = None
     if port == 0:
@@ -418,75 +379,112 @@ def serve_multi(args, argv):
         holder.bind((args.host, 0))
         port = holder.getsockname()[1]
 
-    child_argv = list(argv)
-    # The last --mode/--port/--reuseport given win in argparse.
-    child_argv += ["--mode", "py", "--port", str(port), "--reuseport", "--xla-threads", args.xla_threads]
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+    # The last of a repeated flag wins in argparse: every child gets the
+    # parent's flags, resolved, then its own.
+    base = [sys.executable, os.path.abspath(__file__)] + list(argv) + [
+        "--workers", str(args.workers), "--warm-max", str(args.warm_max), "--xla-threads", args.xla_threads]
+    servers = ["--port", str(port), "--reuseport"]
 
-    def die_with_parent():
-        # PR_SET_PDEATHSIG: a child outlives a SIGKILLed parent otherwise.
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    def spawn(name, extra, fds=(), deathsig=signal.SIGTERM):
+        def die_with_parent():
+            # PR_SET_PDEATHSIG: a child outlives a SIGKILLed parent otherwise.
+            libc.prctl(1, deathsig)
+            if os.getppid() != parent:
+                os._exit(1)
+
+        child = subprocess.Popen(base + extra, stdout=subprocess.PIPE, text=True, pass_fds=fds,
+                                 preexec_fn=die_with_parent)
+        return name, child
 
     children = []
-    for _ in range(args.processes):
-        children.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + child_argv,
-                                         stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent))
-    log.info("py-mp: started %d processes %s on port %d", len(children), [c.pid for c in children], port)
+    if args.mode == "py-mp-local":
+        for i in range(args.processes):
+            children.append(spawn(f"process {i}", ["--mode", "py"] + servers))
+    else:
+        from layout import next_pow2
+        from shm import Link
 
-    pending = {c.pid for c in children}
+        slots = args.workers if args.mode == "py-mp" else BATCH_SLOTS
+        link = Link(args.processes, slots, next_pow2(args.max_batch))
+        try:
+            spec, fds = link.owner()
+            children.append(spawn("device owner", ["--role", "owner", "--link", json.dumps(spec)], fds, signal.SIGKILL))
+            for i in range(args.processes):
+                spec, fds = link.frontend(i)
+                children.append(spawn(f"frontend {i}", ["--role", "frontend", "--link", json.dumps(spec)] + servers, fds))
+        finally:
+            link.close()
+    log.info("%s: started %s on port %d", args.mode,
+             ", ".join(f"{name} (pid {c.pid})" for name, c in children), port)
+
+    servers_total = len(children) - (args.mode != "py-mp-local")
     lock = threading.Lock()
-    all_ready = threading.Event()
+    counts = {"BOUND": 0, "READY": 0}
+    milestones = {"BOUND": threading.Event(), "READY": threading.Event()}
 
     def watch(child):
         for line in child.stdout:
-            if line.startswith("READY"):
+            word = line.split(" ", 1)[0]
+            if word in counts:
                 with lock:
-                    pending.discard(child.pid)
-                    if not pending:
-                        all_ready.set()
+                    counts[word] += 1
+                    if counts[word] == (servers_total if word == "BOUND" else len(children)):
+                        milestones[word].set()
 
-    for c in children:
+    for _, c in children:
         threading.Thread(target=watch, args=(c,), daemon=True).start()
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    announced = False
+    said = set()
     rc = 0
     while not stop.wait(0.2):
-        if all_ready.is_set() and not announced:
-            if holder is not None:
-                holder.close()
-                holder = None
-            announce("READY", args.host, port)
-            announced = True
-        dead = [c for c in children if c.poll() is not None]
+        for word in ("BOUND", "READY"):
+            if milestones[word].is_set() and word not in said:
+                if word == "READY" and holder is not None:
+                    holder.close()
+                    holder = None
+                announce(f"{word} {hostport(args.host, port)}")
+                said.add(word)
+        dead = [(name, c) for name, c in children if c.poll() is not None]
         if dead:
-            log.error("py-mp: process %d exited with %d; stopping the others", dead[0].pid, dead[0].returncode)
+            name, c = dead[0]
+            log.error("%s: %s (pid %d) exited with %d; stopping the others", args.mode, name, c.pid, c.returncode)
             rc = 1
             break
-    for c in children:
+    # Frontends first: the device owner ignores SIGTERM and leaves once they
+    # have all gone.
+    for _, c in children:
         if c.poll() is None:
             c.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 10
-    for c in children:
+    for name, c in reversed(children):
         try:
             c.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
+            log.error("%s: %s (pid %d) did not stop; killing it", args.mode, name, c.pid)
             c.kill()
             c.wait()
+            rc = 1
     sys.exit(rc)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    # Before NumPy is first imported, in this process and its children.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s bench-py[{os.getpid()}] %(levelname)s %(message)s")
-    if args.mode == "py-mp":
-        serve_multi(args, argv)
+    if args.role == "owner":
+        serve_owner(args)
+    elif args.mode in MULTI_PROCESS and args.role is None:
+        supervise(args, argv)
     else:
-        serve_one(args)
+        serve_grpc(args)
 
 
 if __name__ == "__main__":
