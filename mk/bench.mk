@@ -10,19 +10,23 @@
 #                         monitored, write bench/results/smoke/py.json;
 #                         BENCH_SERVER_CPUS / BENCH_CLIENT_CPUS (CPU lists,
 #                         e.g. 0 and 1) pin the server (taskset) and loadgen
-#   make bench            the quick sweep (bench/cmd/benchrun) on the small
-#                         bundle: every arm, B_req 1,16,128, C 1,4,16, open
-#                         loop at 50/80 % of peak, 1 s windows, the memory
-#                         check; writes bench/results/REPORT.md (+ SVGs) and
-#                         ends with one `bench: arm=… b_req=…` line per arm
-#                         and B_req. Every knob is a BENCH_* variable below.
-#   make bench-full       the published methodology on the 3.2 GB bundle
-#                         (C up to 256, 5 s warm-up + 30 s windows, 3
-#                         repeats; hours) into bench/results/full; knobs are
+#   make bench            the quick sweep (bench/cmd/benchrun) on the 3.2 GB
+#                         tables, two workloads (mlperf, hostbound), every
+#                         arm, B_req 1,16,128, C 1,4,16,64, open loop at 80 %
+#                         of each arm's peak, 1 s windows, the memory check
+#                         (mesh with 4 frontends vs py-mp-batch with 4
+#                         processes); writes bench/results/REPORT.md (+ SVGs)
+#                         and ends with the `bench:`, `bench-ratio:` and
+#                         `bench-memory:` lines. Every knob is a BENCH_*
+#                         variable below.
+#   make bench-full       the published methodology on both workloads (C up
+#                         to 256, 5 s warm-up + 30 s windows, 3 repeats;
+#                         hours) into bench/results/full; knobs are
 #                         BENCH_FULL_* variables
-#   make bench-smoke      the CI smoke: recmesh-full and py, B_req 1,16, C
-#                         1,4, ~1 s windows, no memory check, into
-#                         bench/results/ci-smoke (about a minute)
+#   make bench-smoke      the CI smoke: every arm on the small bundles of
+#                         both workloads, B_req 1,16, C 1,4, ~1 s windows,
+#                         -strict (fails on any broken arm), into
+#                         bench/results/ci-smoke (a few minutes)
 #
 # Included by the root Makefile, which defines ROOT, DEPS, BIN, GO, PYTHON
 # and DEV_BUNDLE. `make deps` (and so `make test`) also installs the Python
@@ -41,7 +45,7 @@ BENCH_CLIENT_CPUS ?=
 BENCH_SERVER_PIN := $(if $(BENCH_SERVER_CPUS),taskset -c $(BENCH_SERVER_CPUS))
 BENCH_CLIENT_PIN := $(if $(BENCH_CLIENT_CPUS),-cpus $(BENCH_CLIENT_CPUS))
 
-.PHONY: bench-py-deps bench-loadgen bench-py-smoke bench-benchrun bench bench-full bench-smoke
+.PHONY: bench-py-deps bench-loadgen bench-py-smoke bench-benchrun bench-lookupbench bench bench-full bench-smoke
 
 deps: bench-py-deps
 
@@ -86,11 +90,26 @@ bench-py-smoke: bench-py-deps bench-loadgen $(DEV_BUNDLE)/model.safetensors
 ## set, else benchrun's default split of the machine (2 CPUs: server 0,
 ## load generator 1). BENCH_ARGS adds any other benchrun flag (for example
 ## "-server-cpus= -client-cpus=" to pin nothing).
+##
+## Two workloads, both on the 3.2 GB tables (cap 850000, exported once and
+## reused): `mlperf`, the MLPerf DLRMv2 dense network, and `hostbound`, the
+## same tables and ids with a dense network small enough that the host's
+## lookups and serving bound it (recmesh export --preset hostbound).
 
-BENCH_ARMS             ?= recmesh-full,recmesh-model,recmesh-none,py,py-mp
+HOSTBOUND_BUNDLE := $(DATA)/dlrm-cap850000-hostbound
+HOSTBOUND_SMALL  := $(DATA)/dlrm-cap1000-hostbound
+
+$(HOSTBOUND_BUNDLE)/model.safetensors: | $(DEPS)/go.stamp
+	$(GO) run ./cli/cmd/recmesh export --preset hostbound --max-vocab 850000 --seed 1 --out $(HOSTBOUND_BUNDLE)
+
+$(HOSTBOUND_SMALL)/model.safetensors: | $(DEPS)/go.stamp
+	$(GO) run ./cli/cmd/recmesh export --preset hostbound --max-vocab 1000 --seed 1 --out $(HOSTBOUND_SMALL)
+
+BENCH_WORKLOADS        ?= mlperf=$(BENCH_BUNDLE),hostbound=$(HOSTBOUND_BUNDLE)
+BENCH_ARMS             ?= recmesh-slo,recmesh-full,recmesh-model,recmesh-none,py,py-mp,py-mp-local,py-batch,py-mp-batch
 BENCH_BATCHES          ?= 1,16,128
-BENCH_CLIENTS          ?= 1,4,16
-BENCH_OPEN             ?= 0.5,0.8
+BENCH_CLIENTS          ?= 1,4,16,64
+BENCH_OPEN             ?= 0.8
 BENCH_WARMUP           ?= 500ms
 BENCH_DURATION         ?= 1s
 BENCH_REPEATS          ?= 1
@@ -98,12 +117,13 @@ BENCH_CONNECTIONS      ?= 64
 BENCH_FRONTENDS        ?= 2
 BENCH_PY_PROCESSES     ?= 2
 BENCH_PY_WORKERS       ?= 8
-BENCH_MEMORY_ARMS      ?= recmesh-full,py-mp
-BENCH_MEMORY_INSTANCES ?= 1,2,4
+BENCH_MEMORY_ARMS      ?= recmesh-slo,py-mp-batch
+BENCH_MEMORY_INSTANCES ?= 1,4
 BENCH_MEMORY_DURATION  ?= 1s
 BENCH_ARGS             ?=
 BENCH_PIN := $(if $(BENCH_SERVER_CPUS),-server-cpus $(BENCH_SERVER_CPUS)) $(if $(BENCH_CLIENT_CPUS),-client-cpus $(BENCH_CLIENT_CPUS))
 
+BENCH_FULL_WORKLOADS        ?= $(BENCH_WORKLOADS)
 BENCH_FULL_ARMS             ?= $(BENCH_ARMS)
 BENCH_FULL_BATCHES          ?= 1,16,128
 BENCH_FULL_CLIENTS          ?= 1,4,16,64,256
@@ -121,23 +141,29 @@ BENCH_FULL_MEMORY_DURATION  ?= 10s
 BENCH_FULL_RESULTS          ?= $(BENCH_RESULTS)/full
 
 BENCH_SMOKE_RESULTS ?= $(BENCH_RESULTS)/ci-smoke
+BENCH_SMOKE_ARMS    ?= $(BENCH_ARMS)
 
-BENCH_PREREQS := build bench-loadgen bench-benchrun bench-py-deps $(PJRT_PLUGIN)
+BENCH_PREREQS := build bench-loadgen bench-benchrun bench-lookupbench bench-py-deps $(PJRT_PLUGIN)
 
 bench-benchrun: $(DEPS)/go.stamp
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/benchrun ./bench/cmd/benchrun
 
-bench: $(BENCH_PREREQS) $(DEV_BUNDLE)/model.safetensors
-	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -bundle $(DEV_BUNDLE) -results $(BENCH_RESULTS) \
+bench-lookupbench: $(DEPS)/go.stamp
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/lookupbench ./embedder/cmd/lookupbench
+
+# The quick sweep: both workloads on the 3.2 GB tables, every arm.
+bench: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors $(HOSTBOUND_BUNDLE)/model.safetensors
+	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads '$(BENCH_WORKLOADS)' -results $(BENCH_RESULTS) \
 		-arms $(BENCH_ARMS) -batches $(BENCH_BATCHES) -clients $(BENCH_CLIENTS) -open '$(BENCH_OPEN)' \
 		-warmup $(BENCH_WARMUP) -duration $(BENCH_DURATION) -repeats $(BENCH_REPEATS) -connections $(BENCH_CONNECTIONS) \
 		-frontends $(BENCH_FRONTENDS) -py-processes $(BENCH_PY_PROCESSES) -py-workers $(BENCH_PY_WORKERS) \
 		-memory-arms '$(BENCH_MEMORY_ARMS)' -memory-instances $(BENCH_MEMORY_INSTANCES) -memory-duration $(BENCH_MEMORY_DURATION) \
 		$(BENCH_PIN) $(BENCH_ARGS)
 
-bench-full: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors
-	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -bundle $(BENCH_BUNDLE) -results $(BENCH_FULL_RESULTS) \
+bench-full: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors $(HOSTBOUND_BUNDLE)/model.safetensors
+	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads '$(BENCH_FULL_WORKLOADS)' -results $(BENCH_FULL_RESULTS) \
 		-arms $(BENCH_FULL_ARMS) -batches $(BENCH_FULL_BATCHES) -clients $(BENCH_FULL_CLIENTS) -open '$(BENCH_FULL_OPEN)' \
 		-warmup $(BENCH_FULL_WARMUP) -duration $(BENCH_FULL_DURATION) -repeats $(BENCH_FULL_REPEATS) -connections $(BENCH_FULL_CONNECTIONS) \
 		-frontends $(BENCH_FULL_FRONTENDS) -py-processes $(BENCH_FULL_PY_PROCESSES) -py-workers $(BENCH_FULL_PY_WORKERS) \
@@ -145,9 +171,13 @@ bench-full: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors
 		$(BENCH_PIN) $(BENCH_ARGS)
 
 # CI's smoke run: the whole pipeline (start, parity, closed and open loop,
-# monitor, report, bench lines) on two arms with tiny windows.
-bench-smoke: $(BENCH_PREREQS) $(DEV_BUNDLE)/model.safetensors
-	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -bundle $(DEV_BUNDLE) -results $(BENCH_SMOKE_RESULTS) \
-		-arms recmesh-full,py -batches 1,16 -clients 1,4 -open 0.8 \
-		-warmup 300ms -duration 1s -repeats 1 -connections 4 -memory-arms '' \
+# monitor, dense cost, report, every line) for every arm, on the small
+# bundles of both workloads with tiny windows, and the memory check at 1
+# and 2 instances. -strict: any arm that fails to start, fails parity or
+# fails a request fails the target.
+bench-smoke: $(BENCH_PREREQS) $(DEV_BUNDLE)/model.safetensors $(HOSTBOUND_SMALL)/model.safetensors
+	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads 'mlperf=$(DEV_BUNDLE),hostbound=$(HOSTBOUND_SMALL)' -results $(BENCH_SMOKE_RESULTS) \
+		-arms $(BENCH_SMOKE_ARMS) -batches 1,16 -clients 1,4 -open 0.8 \
+		-warmup 300ms -duration 1s -repeats 1 -connections 4 \
+		-memory-arms 'recmesh-slo,py-mp-batch' -memory-instances 1,2 -memory-duration 500ms -strict \
 		$(BENCH_PIN) $(BENCH_ARGS)

@@ -67,6 +67,37 @@ type RunRecord struct {
 	Repeat int `json:"repeat"`
 	*Result
 	Monitor *monitor.Report `json:"monitor,omitempty"`
+	// Client is the load generator's own CPU use over the window, when
+	// the caller measured it.
+	Client *ClientUsage `json:"client,omitempty"`
+}
+
+// SaturationFraction is the share of its CPUs above which the load
+// generator counts as saturated: past it, the client rather than the
+// server may be what limits the point, so the point says nothing about the
+// server and is never used for a headline.
+const SaturationFraction = 0.9
+
+// ClientUsage is the load generator's CPU use over one measured window.
+type ClientUsage struct {
+	CPUSeconds  float64 `json:"cpu_s"`
+	WallSeconds float64 `json:"wall_s"`
+	// CPUCores is CPUSeconds over WallSeconds, and CPUs how many CPUs the
+	// load generator may run on.
+	CPUCores float64 `json:"cpu_cores"`
+	CPUs     int     `json:"cpus"`
+	// Saturated is CPUCores ≥ SaturationFraction × CPUs.
+	Saturated bool `json:"saturated"`
+}
+
+// NewClientUsage derives the cores used and the saturation verdict.
+func NewClientUsage(cpuSeconds, wallSeconds float64, cpus int) *ClientUsage {
+	u := &ClientUsage{CPUSeconds: cpuSeconds, WallSeconds: wallSeconds, CPUs: cpus}
+	if wallSeconds > 0 {
+		u.CPUCores = cpuSeconds / wallSeconds
+	}
+	u.Saturated = cpus > 0 && u.CPUCores >= SaturationFraction*float64(cpus)
+	return u
 }
 
 // Summary condenses the repeats: medians of the rates and percentiles
@@ -87,6 +118,10 @@ type Summary struct {
 	ServerCPUSPer1kExamples float64 `json:"server_cpu_s_per_1k_examples,omitempty"`
 	ServerPeakRSSBytes      int64   `json:"server_peak_rss_bytes,omitempty"`
 	ServerPeakPSSBytes      int64   `json:"server_peak_pss_bytes,omitempty"`
+	// Present only when the client measured itself: its median cores and
+	// whether any repeat saturated it.
+	ClientCPUCores  float64 `json:"client_cpu_cores,omitempty"`
+	ClientSaturated bool    `json:"client_saturated,omitempty"`
 }
 
 // Summarize fills p.Summary from p.Runs.
@@ -106,7 +141,12 @@ func (p *Point) Summarize() {
 	s.P99Ms = col(func(r RunRecord) float64 { return r.Latency.P99 })
 	s.P999Ms = col(func(r RunRecord) float64 { return r.Latency.P999 })
 	var mons []RunRecord
+	var clientCores []float64
 	for _, r := range p.Runs {
+		if r.Client != nil {
+			clientCores = append(clientCores, r.Client.CPUCores)
+			s.ClientSaturated = s.ClientSaturated || r.Client.Saturated
+		}
 		s.MaxMs = max(s.MaxMs, r.Latency.Max)
 		s.Errors += r.Errors
 		if r.Monitor != nil {
@@ -124,6 +164,7 @@ func (p *Point) Summarize() {
 		s.ServerCPUCores = median(cores)
 		s.ServerCPUSPer1kExamples = median(per)
 	}
+	s.ClientCPUCores = median(clientCores)
 	p.Summary = s
 }
 

@@ -37,3 +37,30 @@ func TestPointSummaryRoundTrip(t *testing.T) {
 		t.Errorf("round trip: %+v", q)
 	}
 }
+
+// TestClientSaturation: one saturated repeat marks the point, and the
+// median client cores come from every repeat that measured itself.
+func TestClientSaturation(t *testing.T) {
+	if u := NewClientUsage(0.5, 1, 1); u.Saturated || u.CPUCores != 0.5 {
+		t.Errorf("half a core of one: %+v", u)
+	}
+	if u := NewClientUsage(1.9, 2, 1); !u.Saturated {
+		t.Errorf("0.95 cores of one not saturated: %+v", u)
+	}
+	if u := NewClientUsage(1.9, 2, 2); u.Saturated {
+		t.Errorf("0.95 cores of two saturated: %+v", u)
+	}
+	rec := func(cpu float64) RunRecord {
+		return RunRecord{Result: &Result{RequestsPerS: 1}, Client: NewClientUsage(cpu, 1, 1)}
+	}
+	p := &Point{Schema: PointSchema, Mode: Closed, BatchSize: 1, Runs: []RunRecord{rec(0.2), rec(0.95), rec(0.4)}}
+	p.Summarize()
+	if !p.Summary.ClientSaturated || p.Summary.ClientCPUCores != 0.4 {
+		t.Errorf("summary %+v, want saturated with median 0.4 cores", p.Summary)
+	}
+	p.Runs = p.Runs[:1]
+	p.Summarize()
+	if p.Summary.ClientSaturated {
+		t.Error("a point with no saturated repeat is marked saturated")
+	}
+}

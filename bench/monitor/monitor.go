@@ -15,9 +15,17 @@
 //     the window) counts from zero; one that exits keeps the CPU of its
 //     last sample, so up to one interval of its CPU is lost. Children's
 //     cutime/cstime are never added: a tracked child is counted by itself.
-//   - RSS: VmRSS from /proc/<pid>/status. PSS: the Pss line of
+//   - RSS: VmRSS from /proc/<pid>/status. PSS: from
 //     /proc/<pid>/smaps_rollup (Linux ≥ 4.14; needs the same user or
 //     CAP_SYS_PTRACE); when it cannot be read, PSS is reported unavailable.
+//     The kernel's Pss already splits every shared page (a /dev/shm
+//     segment, shared libraries) among its mappers and includes
+//     transparent huge pages, so summing it counts a shared segment once.
+//     It leaves out hugetlbfs pages, which a server holding its tables in
+//     explicit huge pages would hide that way: Private_Hugetlb is added per
+//     process, and Shared_Hugetlb once per mapped file over all watched
+//     processes (read from /proc/<pid>/smaps, keyed by device and inode,
+//     the largest any process maps), so the memory check sees every byte.
 //     Peaks are of the sum over the processes alive at one sample, the
 //     maximum over samples: the memory the whole server held at once.
 //
@@ -233,6 +241,8 @@ func (m *Monitor) sample() error {
 		tr.seenLast = false
 	}
 	var rss, pss int64
+	// Shared hugetlb mappings, counted once per file over all processes.
+	sharedHuge := map[hugeFile]int64{}
 	alive := 0
 	for _, pid := range pids {
 		st, err := readStat(m.opts.ProcRoot, pid)
@@ -255,11 +265,19 @@ func (m *Monitor) sample() error {
 			rss += r
 			tr.peakRSS = max(tr.peakRSS, r)
 		}
-		if p, err := readPSS(m.opts.ProcRoot, pid); err == nil {
-			pss += p
-			tr.peakPSS = max(tr.peakPSS, p)
+		if mem, err := readPSS(m.opts.ProcRoot, pid); err == nil {
+			own := mem.pss + mem.privateHugetlb
+			for f, n := range mem.sharedHugetlb {
+				sharedHuge[f] = max(sharedHuge[f], n)
+				own += n // a process's own view holds the whole mapping
+			}
+			pss += mem.pss + mem.privateHugetlb
+			tr.peakPSS = max(tr.peakPSS, own)
 			m.pssOK = true
 		}
+	}
+	for _, n := range sharedHuge {
+		pss += n
 	}
 	if first && alive == 0 {
 		return fmt.Errorf("monitor: none of the processes %v exists", m.opts.PIDs)
@@ -425,13 +443,78 @@ func readRSS(root string, pid int) (int64, error) {
 	return kBField(b, "VmRSS:")
 }
 
-// readPSS returns the Pss of smaps_rollup in bytes.
-func readPSS(root string, pid int) (int64, error) {
+// hugeFile identifies a hugetlbfs file (or SysV/memfd hugetlb object)
+// mapped shared: its device and inode as /proc/<pid>/smaps prints them.
+type hugeFile struct {
+	dev   string
+	inode uint64
+}
+
+// memory is one process's proportional share of memory.
+type memory struct {
+	// pss is the kernel's Pss (shared pages split among their mappers,
+	// transparent huge pages included, hugetlb pages not).
+	pss int64
+	// privateHugetlb is hugetlb memory only this process maps.
+	privateHugetlb int64
+	// sharedHugetlb is, per file, the shared hugetlb memory this process
+	// maps (nil when none).
+	sharedHugetlb map[hugeFile]int64
+}
+
+// readPSS returns a process's memory from smaps_rollup and, only when it
+// maps shared hugetlb memory, the per-file split from smaps (whose read is
+// far costlier, so the common case never pays for it).
+func readPSS(root string, pid int) (memory, error) {
 	b, err := os.ReadFile(fmt.Sprintf("%s/%d/smaps_rollup", root, pid))
 	if err != nil {
-		return 0, err
+		return memory{}, err
 	}
-	return kBField(b, "Pss:")
+	var m memory
+	if m.pss, err = kBField(b, "Pss:"); err != nil {
+		return memory{}, err
+	}
+	// Kernels before 4.4 have no hugetlb lines; they count as zero.
+	m.privateHugetlb, _ = kBField(b, "Private_Hugetlb:")
+	shared, _ := kBField(b, "Shared_Hugetlb:")
+	if shared == 0 {
+		return m, nil
+	}
+	full, err := os.ReadFile(fmt.Sprintf("%s/%d/smaps", root, pid))
+	if err != nil {
+		return memory{}, err
+	}
+	m.sharedHugetlb = sharedHugetlbByFile(full)
+	return m, nil
+}
+
+// sharedHugetlbByFile sums the Shared_Hugetlb of every mapping in an smaps
+// file by the file mapped. A mapping's header is
+// "start-end perms offset dev inode [path]"; its fields follow as
+// "Name: value kB" lines.
+func sharedHugetlbByFile(smaps []byte) map[hugeFile]int64 {
+	out := map[hugeFile]int64{}
+	var cur hugeFile
+	for line := range bytes.Lines(smaps) {
+		f := bytes.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if !bytes.HasSuffix(f[0], []byte(":")) {
+			// A mapping header: the address range has no colon.
+			if len(f) >= 5 {
+				ino, _ := strconv.ParseUint(string(f[4]), 10, 64)
+				cur = hugeFile{dev: string(f[3]), inode: ino}
+			}
+			continue
+		}
+		if string(f[0]) == "Shared_Hugetlb:" && len(f) >= 2 {
+			if n, err := strconv.ParseInt(string(f[1]), 10, 64); err == nil && n > 0 {
+				out[cur] += n * 1024
+			}
+		}
+	}
+	return out
 }
 
 // kBField finds the line "<name> <n> kB" and returns n·1024.

@@ -3,9 +3,12 @@ package monitor
 import (
 	"bufio"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -256,5 +259,51 @@ func TestClockTicks(t *testing.T) {
 	}
 	if _, ok := auxvLookup(b, 99); ok {
 		t.Error("found a key that is not there")
+	}
+}
+
+// TestHugetlbCountedOnce builds a /proc with two processes that both map
+// one 1 GiB hugetlbfs file shared, one of them also 2 MiB of private
+// hugetlb memory: the sum must hold the shared file once, the private
+// memory, and each process's Pss, which leaves all hugetlb pages out.
+func TestHugetlbCountedOnce(t *testing.T) {
+	root := t.TempDir()
+	const gib, mib2 = 1 << 30, 2 << 20
+	write := func(pid int, name, body string) {
+		dir := filepath.Join(root, strconv.Itoa(pid))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proc := func(pid int, pssKB, privHugeKB int) {
+		write(pid, "stat", fmt.Sprintf("%d (srv) S 1 %d %d 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 %d 0 0", pid, pid, pid, 1000+pid))
+		write(pid, "status", "Name:\tsrv\nVmRSS:\t  4096 kB\n")
+		write(pid, "smaps_rollup", fmt.Sprintf("00400000-7fff00000000 ---p 00000000 00:00 0  [rollup]\n"+
+			"Rss:  4096 kB\nPss:  %d kB\nShared_Hugetlb: %d kB\nPrivate_Hugetlb: %d kB\nSwap: 0 kB\n",
+			pssKB, gib/1024, privHugeKB))
+		write(pid, "smaps", fmt.Sprintf("7f0000000000-7f0040000000 rw-s 00000000 00:2f 4242   /dev/hugepages/tables\n"+
+			"Size:  1048576 kB\nShared_Hugetlb: %d kB\nPrivate_Hugetlb: 0 kB\nVmFlags: rd wr sh mr mw me ms de ht\n"+
+			"7f1000000000-7f1000200000 rw-p 00000000 00:00 0\nSize: 2048 kB\nShared_Hugetlb: 0 kB\nPrivate_Hugetlb: %d kB\n",
+			gib/1024, privHugeKB))
+	}
+	proc(100, 1000, 0)
+	proc(101, 3000, mib2/1024)
+	m, err := Start(Options{PIDs: []int{100, 101}, ProcRoot: root, Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := m.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int64(1000+3000)*1024 + mib2 + gib
+	if r.PeakPSSBytes != want {
+		t.Errorf("peak PSS %d, want %d (Pss of both + private hugetlb + the shared file once)", r.PeakPSSBytes, want)
+	}
+	if got := r.Processes[1].PeakPSSBytes; got != 3000*1024+mib2+gib {
+		t.Errorf("process 101's own PSS %d, want its Pss, private and shared hugetlb", got)
 	}
 }

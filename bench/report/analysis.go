@@ -31,6 +31,10 @@ func eligible(p *loadgen.Point, budgetMs float64) bool {
 	if !closed(p) || p.Summary.Errors != 0 || p.Summary.Repeats == 0 || !(p.Summary.ExamplesPerS > 0) {
 		return false
 	}
+	// A point whose load generator ran out of CPU measured the client.
+	if p.Summary.ClientSaturated {
+		return false
+	}
 	return budgetMs <= 0 || p.Summary.P99Ms <= budgetMs
 }
 
@@ -92,20 +96,15 @@ func Find(points []*loadgen.Point, arm string, b int, label string, c int) *load
 	return nil
 }
 
-// armOrder sorts recmesh arms first (full, model, none), then Python
-// (py-mp before py), then anything else by name.
+// armOrder sorts recmesh arms first (slo, full, model, none), then the
+// Python designs from the study's strongest down, then anything else by
+// name.
 func armOrder(a string) int {
-	switch a {
-	case "recmesh-full":
-		return 0
-	case "recmesh-model":
-		return 1
-	case "recmesh-none":
-		return 2
-	case "py-mp":
-		return 10
-	case "py":
-		return 11
+	if i := slices.Index([]string{"recmesh-slo", "recmesh-full", "recmesh-model", "recmesh-none"}, a); i >= 0 {
+		return i
+	}
+	if i := slices.Index([]string{"py-mp-batch", "py-batch", "py-mp", "py-mp-local", "py"}, a); i >= 0 {
+		return 10 + i
 	}
 	if KindOf(a) == KindRecmesh {
 		return 5
@@ -170,31 +169,40 @@ func PeakRSS(points []*loadgen.Point, arm string, b int) (rss, pss int64) {
 
 // Line is one `bench:` summary line's values.
 type Line struct {
-	Arm string
-	B   int
+	Workload string
+	Arm      string
+	B        int
 	// BestP99_20 is the highest median examples/s with p99 ≤ 20 ms (0
 	// when no point met the budget).
 	BestP99_20 float64
 	// CPUPer1k is the server CPU-seconds per 1,000 examples at that point,
 	// or at the unbounded peak when no point met the budget.
 	CPUPer1k float64
-	// PeakRSSMiB is the largest server RSS over the arm's points at B.
-	PeakRSSMiB float64
+	// PeakPSSMiB is the largest server PSS (the whole process tree,
+	// shared memory once) over the arm's points at B.
+	PeakPSSMiB float64
 }
 
 func (l Line) String() string {
-	return fmt.Sprintf("bench: arm=%s b_req=%d best_examples_per_s_p99_20ms=%.0f cpu_s_per_1k=%.3f peak_rss_mib=%.1f",
-		l.Arm, l.B, l.BestP99_20, l.CPUPer1k, l.PeakRSSMiB)
+	return fmt.Sprintf("bench: workload=%s arm=%s b_req=%d best_examples_per_s_p99_20ms=%.0f cpu_s_per_1k=%.3f peak_pss_mib=%.1f",
+		orDash(l.Workload), l.Arm, l.B, l.BestP99_20, l.CPUPer1k, l.PeakPSSMiB)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // Lines returns one Line per arm and request size, arms in report order
 // (every arm of arms, even one without points, so a failed arm still
 // shows up as zeros).
-func Lines(points []*loadgen.Point, arms []string, batches []int) []Line {
+func Lines(workload string, points []*loadgen.Point, arms []string, batches []int) []Line {
 	var out []Line
 	for _, arm := range arms {
 		for _, b := range batches {
-			l := Line{Arm: arm, B: b}
+			l := Line{Workload: workload, Arm: arm, B: b}
 			p := Best(points, arm, b, HeadlineBudgetMs)
 			if p != nil {
 				l.BestP99_20 = p.Summary.ExamplesPerS
@@ -204,8 +212,8 @@ func Lines(points []*loadgen.Point, arms []string, batches []int) []Line {
 			if p != nil {
 				l.CPUPer1k = p.Summary.ServerCPUSPer1kExamples
 			}
-			rss, _ := PeakRSS(points, arm, b)
-			l.PeakRSSMiB = float64(rss) / (1 << 20)
+			_, pss := PeakRSS(points, arm, b)
+			l.PeakPSSMiB = float64(pss) / (1 << 20)
 			out = append(out, l)
 		}
 	}
@@ -246,14 +254,18 @@ func MemoryVerdict(m *MemoryCheck) (ok bool, text string) {
 			why = append(why, fmt.Sprintf("mesh with %d frontends: PSS %s > bound %s", r.Instances, mib(r.PSSBytes), mib(bound)))
 		}
 	}
+	pyName := "python arm"
+	if len(py) > 0 {
+		pyName = py[0].Arm
+	}
 	pyGrows := len(py) >= 2
 	if !pyGrows {
-		why = append(why, "py-mp: fewer than two process counts measured")
+		why = append(why, pyName+": fewer than two process counts measured")
 	}
 	for i := 1; i < len(py); i++ {
 		if py[i].PSSBytes <= py[i-1].PSSBytes {
 			pyGrows = false
-			why = append(why, fmt.Sprintf("py-mp: PSS did not grow from %d to %d processes", py[i-1].Instances, py[i].Instances))
+			why = append(why, fmt.Sprintf("%s: PSS did not grow from %d to %d processes", pyName, py[i-1].Instances, py[i].Instances))
 		}
 	}
 	ok = meshOK && pyGrows
@@ -261,15 +273,15 @@ func MemoryVerdict(m *MemoryCheck) (ok bool, text string) {
 	if !ok {
 		verdict = "FAIL"
 	}
-	text = fmt.Sprintf("memory check: %s — mesh PSS within table (%s) + %s + %s per frontend: %v; py-mp PSS grows with each process: %v",
-		verdict, mib(m.TableBytes), mib(m.BaseBytes), mib(m.PerInstanceBytes), meshOK, pyGrows)
+	text = fmt.Sprintf("memory check: %s — mesh PSS within table (%s) + %s + %s per frontend: %v; %s PSS grows with each process: %v",
+		verdict, mib(m.TableBytes), mib(m.BaseBytes), mib(m.PerInstanceBytes), meshOK, pyName, pyGrows)
 	if len(mesh) >= 2 {
 		first, last := mesh[0], mesh[len(mesh)-1]
 		text += fmt.Sprintf("; mesh +%s per added frontend", mib((last.PSSBytes-first.PSSBytes)/int64(max(1, last.Instances-first.Instances))))
 	}
 	if len(py) >= 2 {
 		first, last := py[0], py[len(py)-1]
-		text += fmt.Sprintf(", py-mp +%s per added process", mib((last.PSSBytes-first.PSSBytes)/int64(max(1, last.Instances-first.Instances))))
+		text += fmt.Sprintf(", %s +%s per added process", pyName, mib((last.PSSBytes-first.PSSBytes)/int64(max(1, last.Instances-first.Instances))))
 	}
 	if len(why) > 0 {
 		text += " (" + strings.Join(why, "; ") + ")"

@@ -49,6 +49,14 @@ func (t table) row(cells ...string) { fmt.Fprintf(t.b, "| %s |\n", strings.Join(
 // report) to reference.
 func Markdown(r *Run, charts []string) string {
 	var b strings.Builder
+	b.WriteString("# recmesh serving benchmark\n\n")
+	writeWorkload(&b, "##", r, charts)
+	return b.String()
+}
+
+// writeWorkload renders one workload's sweep with headings at level h
+// ("##" or "###"); charts are relative to the report.
+func writeWorkload(b *strings.Builder, h string, r *Run, charts []string) {
 	pts := r.Points
 	arms := reportArms(r)
 	batches := r.Sweep.Batches
@@ -56,20 +64,19 @@ func Markdown(r *Run, charts []string) string {
 		batches = Batches(pts)
 	}
 
-	b.WriteString("# recmesh serving benchmark\n\n")
-	fmt.Fprintf(&b, "DLRM-DCNv2 over the Open Inference Protocol v2, recmesh against the Python baselines, "+
+	fmt.Fprintf(b, "DLRM-DCNv2 over the Open Inference Protocol v2, recmesh against the Python baselines, "+
 		"after `shared/reference/published-dlrm-benchmark.md`. Run %s → %s on `%s` (bundle `%s`).\n\n",
 		r.StartedAt.Format("2006-01-02 15:04:05Z07:00"), r.FinishedAt.Format("15:04:05Z07:00"), r.Env.Host, filepath.Base(r.Env.Bundle))
-	fmt.Fprintf(&b, "Throughput is examples/s (requests/s × B_req), medians of %d repeat(s) of a %gs window after %gs of discarded warm-up; "+
+	fmt.Fprintf(b, "Throughput is examples/s (requests/s × B_req), medians of %d repeat(s) of a %gs window after %gs of discarded warm-up; "+
 		"latency is client-observed p50/p99 in ms. A point counts under a budget only when every repeat had zero errors. "+
 		"Closed loop over a fixed pool of %d persistent gRPC connections per arm; open loop is Poisson arrivals at %s of each arm's own closed-loop peak.\n\n",
 		r.Sweep.Repeats, r.Sweep.DurationS, r.Sweep.WarmupS, r.Sweep.Connections, fracList(r.Sweep.OpenFractions))
 
 	// Headline.
-	fmt.Fprintf(&b, "## Throughput under p99 ≤ %d ms\n\n", HeadlineBudgetMs)
+	fmt.Fprintf(b, h+" Throughput under p99 ≤ %d ms\n\n", HeadlineBudgetMs)
 	head := []string{"B_req", "recmesh (examples/s)", "best Python (examples/s)", "recmesh vs best Python"}
 	head = append(head, codes(arms)...)
-	t := newTable(&b, head...)
+	t := newTable(b, head...)
 	for _, bq := range batches {
 		rec := BestOfKind(pts, KindRecmesh, bq, HeadlineBudgetMs)
 		py := BestOfKind(pts, KindPython, bq, HeadlineBudgetMs)
@@ -81,12 +88,12 @@ func Markdown(r *Run, charts []string) string {
 	}
 	b.WriteString("\n— : no error-free closed-loop point of that arm (or side) kept its median p99 within the budget.\n\n")
 
-	b.WriteString("## Throughput across tail-latency budgets (best recmesh / best Python → recmesh vs best Python)\n\n")
+	b.WriteString(h + " Throughput across tail-latency budgets (best recmesh / best Python → recmesh vs best Python)\n\n")
 	head = []string{"B_req"}
 	for _, bud := range Budgets {
 		head = append(head, budgetName(bud))
 	}
-	t = newTable(&b, head...)
+	t = newTable(b, head...)
 	for _, bq := range batches {
 		cells := []string{bold(strconv.Itoa(bq))}
 		for _, bud := range Budgets {
@@ -98,8 +105,8 @@ func Markdown(r *Run, charts []string) string {
 	}
 	b.WriteString("\n")
 
-	b.WriteString("## Unbounded peak throughput per arm (examples/s)\n\n")
-	t = newTable(&b, append([]string{"B_req"}, codes(arms)...)...)
+	b.WriteString(h + " Unbounded peak throughput per arm (examples/s)\n\n")
+	t = newTable(b, append([]string{"B_req"}, codes(arms)...)...)
 	for _, bq := range batches {
 		cells := []string{bold(strconv.Itoa(bq))}
 		for _, a := range arms {
@@ -114,8 +121,8 @@ func Markdown(r *Run, charts []string) string {
 	}
 	b.WriteString("\n")
 
-	b.WriteString("## Single-client latency at C = 1 (p50 / p99 ms)\n\n")
-	t = newTable(&b, append([]string{"B_req"}, codes(arms)...)...)
+	b.WriteString(h + " Single-client latency at C = 1 (p50 / p99 ms)\n\n")
+	t = newTable(b, append([]string{"B_req"}, codes(arms)...)...)
 	for _, bq := range batches {
 		cells := []string{bold(strconv.Itoa(bq))}
 		for _, a := range arms {
@@ -130,8 +137,8 @@ func Markdown(r *Run, charts []string) string {
 	}
 	b.WriteString("\n")
 
-	b.WriteString("## Server CPU-seconds per 1,000 examples (at each arm's unbounded peak) and peak memory\n\n")
-	t = newTable(&b, append([]string{"B_req"}, codes(arms)...)...)
+	b.WriteString(h + " Server CPU-seconds per 1,000 examples (at each arm's unbounded peak) and peak memory\n\n")
+	t = newTable(b, append([]string{"B_req"}, codes(arms)...)...)
 	for _, bq := range batches {
 		cells := []string{bold(strconv.Itoa(bq))}
 		for _, a := range arms {
@@ -161,26 +168,25 @@ func Markdown(r *Run, charts []string) string {
 	}
 	b.WriteString("\nMemory is summed over every process of the arm (the mesh: `recmesh run` with embedded NATS, embedder, accelerator and frontends; py-mp: the supervisor and its workers) at the largest sample of the measured windows.\n\n")
 
-	writeOpenLoop(&b, r, arms, batches)
-	writeMemory(&b, r)
+	writeOpenLoop(b, h, r, arms, batches)
+	writeMemory(b, h, r)
 
 	if len(charts) > 0 {
-		b.WriteString("## Charts\n\n")
+		b.WriteString(h + " Charts\n\n")
 		for _, c := range charts {
-			fmt.Fprintf(&b, "![%s](%s)\n\n", chartTitle(c), c)
+			fmt.Fprintf(b, "![%s](%s)\n\n", chartTitle(c), c)
 		}
 	}
 
-	writeSweep(&b, pts, arms, batches)
-	writeArms(&b, r)
-	writeEnv(&b, r)
-	return b.String()
+	writeSweep(b, h, pts, arms, batches)
+	writeArms(b, h, r)
+	writeEnv(b, h, r)
 }
 
-func writeOpenLoop(b *strings.Builder, r *Run, arms []string, batches []int) {
+func writeOpenLoop(b *strings.Builder, h string, r *Run, arms []string, batches []int) {
 	for _, f := range r.Sweep.OpenFractions {
 		label := OpenLabel(f)
-		fmt.Fprintf(b, "## Open-loop Poisson traffic at %.0f%% of each arm's own peak\n\n", f*100)
+		fmt.Fprintf(b, h+" Open-loop Poisson traffic at %.0f%% of each arm's own peak\n\n", f*100)
 		b.WriteString("Achieved requests/s and median p99 (ms) across repeats, per-repeat p99 in parentheses; errors when any.\n\n")
 		t := newTable(b, append([]string{"B_req"}, codes(arms)...)...)
 		for _, bq := range batches {
@@ -207,9 +213,9 @@ func writeOpenLoop(b *strings.Builder, r *Run, arms []string, batches []int) {
 	}
 }
 
-func writeMemory(b *strings.Builder, r *Run) {
+func writeMemory(b *strings.Builder, h string, r *Run) {
 	m := r.Memory
-	b.WriteString("## Memory scaling: one table copy in the mesh, one per process in py-mp\n\n")
+	b.WriteString(h + " Memory scaling: one table copy in the mesh, one per process in the multi-process Python arm\n\n")
 	if m == nil || len(m.Rows) == 0 {
 		b.WriteString("Not run.\n\n")
 		return
@@ -237,9 +243,10 @@ func writeMemory(b *strings.Builder, r *Run) {
 	fmt.Fprintf(b, "\n**Verdict:** %s\n\n", verdict)
 }
 
-func writeSweep(b *strings.Builder, pts []*loadgen.Point, arms []string, batches []int) {
-	b.WriteString("## Full closed-loop sweep\n\n")
-	t := newTable(b, "arm", "B_req", "C", "requests/s", "examples/s", "p50 ms", "p99 ms", "errors", "server cores", "CPU-s / 1k ex.", "peak RSS")
+func writeSweep(b *strings.Builder, h string, pts []*loadgen.Point, arms []string, batches []int) {
+	b.WriteString(h + " Full closed-loop sweep\n\n")
+	b.WriteString("Client cores is the load generator's own CPU use; a point where it reached 90% of its CPUs is marked saturated and never counts under a budget.\n\n")
+	t := newTable(b, "arm", "B_req", "C", "requests/s", "examples/s", "p50 ms", "p99 ms", "errors", "server cores", "CPU-s / 1k ex.", "peak PSS", "client cores")
 	for _, a := range arms {
 		for _, bq := range batches {
 			for _, c := range Clients(pts) {
@@ -249,15 +256,16 @@ func writeSweep(b *strings.Builder, pts []*loadgen.Point, arms []string, batches
 				}
 				s := p.Summary
 				t.row(code(a), strconv.Itoa(bq), strconv.Itoa(c), num(s.RequestsPerS), num(s.ExamplesPerS), ms(s.P50Ms), ms(s.P99Ms),
-					strconv.FormatInt(s.Errors, 10), fmt.Sprintf("%.2f", s.ServerCPUCores), fmt.Sprintf("%.3f", s.ServerCPUSPer1kExamples), memCell(s.ServerPeakRSSBytes))
+					strconv.FormatInt(s.Errors, 10), fmt.Sprintf("%.2f", s.ServerCPUCores), fmt.Sprintf("%.3f", s.ServerCPUSPer1kExamples), memCell(s.ServerPeakPSSBytes),
+					clientCell(s))
 			}
 		}
 	}
 	b.WriteString("\n")
 }
 
-func writeArms(b *strings.Builder, r *Run) {
-	b.WriteString("## Arms and parity\n\n")
+func writeArms(b *strings.Builder, h string, r *Run) {
+	b.WriteString(h + " Arms and parity\n\n")
 	b.WriteString("Every arm passes a parity check against the plain-Go reference (`model.Reference`) before any load; an arm that fails is not measured.\n\n")
 	t := newTable(b, "arm", "set-up", "parity", "note")
 	for _, a := range r.Arms {
@@ -274,9 +282,9 @@ func writeArms(b *strings.Builder, r *Run) {
 	b.WriteString("\n")
 }
 
-func writeEnv(b *strings.Builder, r *Run) {
+func writeEnv(b *strings.Builder, h string, r *Run) {
 	e := r.Env
-	b.WriteString("## Environment\n\n")
+	b.WriteString(h + " Environment\n\n")
 	t := newTable(b, "what", "value")
 	t.row("host", e.Host)
 	t.row("CPU", fmt.Sprintf("%s (%d logical CPUs)", e.CPUModel, e.CPUs))
@@ -321,6 +329,17 @@ func reportArms(r *Run) []string {
 	}
 	SortArms(arms)
 	return arms
+}
+
+func clientCell(s loadgen.Summary) string {
+	if s.ClientCPUCores == 0 {
+		return "—"
+	}
+	c := fmt.Sprintf("%.2f", s.ClientCPUCores)
+	if s.ClientSaturated {
+		c += " **saturated**"
+	}
+	return c
 }
 
 func pointCell(p *loadgen.Point) string {

@@ -112,13 +112,13 @@ func TestRecmeshVsBestPython(t *testing.T) {
 }
 
 func TestLines(t *testing.T) {
-	lines := Lines(synthetic(), []string{"recmesh-full", "py"}, []int{1, 16})
+	lines := Lines("mlperf", synthetic(), []string{"recmesh-full", "py"}, []int{1, 16})
 	want := []string{
-		"bench: arm=recmesh-full b_req=1 best_examples_per_s_p99_20ms=400 cpu_s_per_1k=2.500 peak_rss_mib=1.0",
-		"bench: arm=recmesh-full b_req=16 best_examples_per_s_p99_20ms=3200 cpu_s_per_1k=0.312 peak_rss_mib=16.0",
+		"bench: workload=mlperf arm=recmesh-full b_req=1 best_examples_per_s_p99_20ms=400 cpu_s_per_1k=2.500 peak_pss_mib=0.5",
+		"bench: workload=mlperf arm=recmesh-full b_req=16 best_examples_per_s_p99_20ms=3200 cpu_s_per_1k=0.312 peak_pss_mib=8.0",
 		// No point within 20 ms: 0, with the CPU cost of the unbounded peak.
-		"bench: arm=py b_req=1 best_examples_per_s_p99_20ms=0 cpu_s_per_1k=5.000 peak_rss_mib=1.0",
-		"bench: arm=py b_req=16 best_examples_per_s_p99_20ms=500 cpu_s_per_1k=2.000 peak_rss_mib=16.0",
+		"bench: workload=mlperf arm=py b_req=1 best_examples_per_s_p99_20ms=0 cpu_s_per_1k=5.000 peak_pss_mib=0.5",
+		"bench: workload=mlperf arm=py b_req=16 best_examples_per_s_p99_20ms=500 cpu_s_per_1k=2.000 peak_pss_mib=8.0",
 	}
 	if len(lines) != len(want) {
 		t.Fatalf("%d lines, want %d", len(lines), len(want))

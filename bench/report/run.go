@@ -41,7 +41,10 @@ func OpenLabel(f float64) string { return fmt.Sprintf("%s%.0f", LabelOpenPrefix,
 // Run is the manifest of one sweep: what ran where, and which point files
 // it wrote.
 type Run struct {
-	Schema     string    `json:"schema"`
+	Schema string `json:"schema"`
+	// Workload names the model the sweep served ("mlperf", "hostbound");
+	// a suite holds one Run per workload.
+	Workload   string    `json:"workload,omitempty"`
 	StartedAt  time.Time `json:"started_at"`
 	FinishedAt time.Time `json:"finished_at"`
 	Env        Env       `json:"env"`
@@ -49,6 +52,10 @@ type Run struct {
 	Arms       []Arm     `json:"arms"`
 	// Memory is the memory-scaling check, when it ran.
 	Memory *MemoryCheck `json:"memory,omitempty"`
+	// DenseCost compares, on one server core, the dense network's time
+	// per example with the lookups' (what makes a workload host-bound),
+	// when it was measured.
+	DenseCost *DenseCost `json:"dense_cost,omitempty"`
 	// PointFiles are the closed- and open-loop points, relative to the
 	// results directory.
 	PointFiles []string `json:"point_files"`
@@ -141,6 +148,32 @@ type MemoryRow struct {
 	RSSBytes  int64   `json:"rss_bytes"`
 	Parity    *Parity `json:"parity,omitempty"`
 	Error     string  `json:"error,omitempty"`
+}
+
+// DenseCost is the dense network's cost against the embedding lookups
+// per example on one core, at a few batch sizes.
+type DenseCost struct {
+	// CPUs is the core list both were measured on.
+	CPUs string `json:"cpus"`
+	// LookupExamplesPerS is the lookup kernel's examples per core-second
+	// over the bundle's tables (214 scattered row reads per example).
+	LookupExamplesPerS float64           `json:"lookup_examples_per_s"`
+	Buckets            []DenseCostBucket `json:"buckets"`
+}
+
+// DenseCostBucket is the dense network at one batch size.
+type DenseCostBucket struct {
+	Bucket            int     `json:"bucket"`
+	DenseExamplesPerS float64 `json:"dense_examples_per_s"`
+}
+
+// Ratio is the dense network's time per example over the lookups' (≤ 0.1
+// makes the workload host-bound), 0 when either is unknown.
+func (c *DenseCost) Ratio(b DenseCostBucket) float64 {
+	if c == nil || b.DenseExamplesPerS <= 0 || c.LookupExamplesPerS <= 0 {
+		return 0
+	}
+	return c.LookupExamplesPerS / b.DenseExamplesPerS
 }
 
 // KindOf classifies an arm by name: recmesh-* arms are the mesh,

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,19 +34,39 @@ type armSpec struct {
 	// mesh is true for recmesh-<mode>; mode is its --batch-mode.
 	mesh bool
 	mode string
-	// py is "py" or "py-mp" for the Python arms.
+	// py is the Python arm's server.py --mode (pyarm.Modes).
 	py string
 }
 
+// meshModes are the embedder's batching modes, each a recmesh-<mode> arm.
+var meshModes = []string{"slo", "full", "model", "none"}
+
+// armNames lists every arm benchrun knows, in report order.
+func armNames() []string {
+	var names []string
+	for _, m := range meshModes {
+		names = append(names, "recmesh-"+m)
+	}
+	return append(names, pyarm.Modes...)
+}
+
 func parseArm(name string) (armSpec, error) {
-	switch name {
-	case "recmesh-full", "recmesh-model", "recmesh-none":
-		return armSpec{name: name, mesh: true, mode: strings.TrimPrefix(name, "recmesh-")}, nil
-	case "py", "py-mp":
+	if mode, ok := strings.CutPrefix(name, "recmesh-"); ok && slices.Contains(meshModes, mode) {
+		return armSpec{name: name, mesh: true, mode: mode}, nil
+	}
+	if slices.Contains(pyarm.Modes, name) {
 		return armSpec{name: name, py: name}, nil
 	}
-	return armSpec{}, fmt.Errorf("unknown arm %q (want recmesh-full, recmesh-model, recmesh-none, py or py-mp)", name)
+	return armSpec{}, fmt.Errorf("unknown arm %q (want one of %s)", name, strings.Join(armNames(), ", "))
 }
+
+// batching reports whether the arm is a Python design with a dynamic
+// batcher.
+func (s armSpec) batching() bool { return s.py == "py-batch" || s.py == "py-mp-batch" }
+
+// multi reports whether the arm's instance count is a number of Python
+// server processes (rather than mesh frontends, or nothing for py).
+func (s armSpec) multi() bool { return s.py != "" && pyarm.MultiProcess(s.py) }
 
 // pinPrefix is the command an arm runs under to be pinned to the server
 // CPUs (nil when not pinning). taskset execs its command, so the arm's PID
@@ -106,7 +127,15 @@ func (c *config) startPython(ctx context.Context, spec armSpec, n int, prefix []
 		Prefix:  prefix,
 		Log:     log,
 	}
-	if spec.py == "py-mp" {
+	if spec.batching() {
+		// A batching arm's gRPC threads mostly wait for their batch, so
+		// -py-workers would cap a batch at that many requests; and merged
+		// batches reach any bucket up to 4096. The server's own defaults
+		// (256 threads, every bucket compiled before READY) are the ones
+		// its author chose for that.
+		o.Workers, o.WarmMax = 0, 0
+	}
+	if spec.multi() {
 		o.Processes = n
 	}
 	ps, err := pyarm.Start(ctx, o)

@@ -1,21 +1,26 @@
-// Command benchrun runs the serving benchmark end to end: for each arm
-// (recmesh-full, recmesh-model, recmesh-none, py, py-mp) it starts the
-// server pinned to the server CPUs, checks parity against the plain-Go
-// reference (an arm that fails is not measured), sweeps the closed loop over
-// every request size B_req and client count C, then the open loop at
-// fractions of that arm's own closed-loop peak, with the resource monitor
-// on the arm's process tree over each measured window; it writes one point
-// JSON per configuration under <results>/<arm>/, stops the arm, runs the
-// memory-scaling check (the mesh and py-mp at 1, 2, 4, … frontends or
-// processes), and finally writes <results>/run.json, REPORT.md and its SVG
-// charts, and prints one `bench:` line per arm and B_req.
+// Command benchrun runs the serving benchmark end to end, once per
+// workload (a model bundle: -workloads mlperf=DIR,hostbound=DIR): for each
+// arm (recmesh-<mode> for every batching mode, and the Python designs of
+// the published study: py, py-mp, py-mp-local, py-batch, py-mp-batch) it
+// starts the server pinned to the server CPUs, checks parity against the
+// plain-Go reference (an arm that fails is not measured), sweeps the closed
+// loop over every request size B_req and client count C, then the open
+// loop at fractions of that arm's own closed-loop peak, with the resource
+// monitor on the arm's process tree and the load generator's own CPU use
+// over each measured window; it writes one point JSON per configuration
+// under <results>/<workload>/<arm>/ and stops the arm. Before the arms it
+// times the workload's dense network against its lookups on one server
+// core. With the first workload it runs the memory-scaling check (the mesh
+// and a multi-process Python arm at 1, 4, … frontends or processes).
+// Finally it writes <results>/suite.json, REPORT.md and the SVG charts,
+// and prints the `bench:`, `bench-ratio:` and `bench-memory:` lines.
 //
 // It builds nothing: `make bench` / `make bench-full` build the binaries,
-// the Python venv and the bundle first. The load generator runs in this
+// the Python venv and the bundles first. The load generator runs in this
 // process, pinned (every thread) to the client CPUs before anything else.
 //
 //	benchrun [flags]          the sweep, then the report
-//	benchrun -report-only     re-render the report from <results>/run.json
+//	benchrun -report-only     re-render the report from <results>/suite.json
 package main
 
 import (
@@ -34,6 +39,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc/codes"
 
 	"github.com/recmesh/recmesh/bench/cpuset"
 	"github.com/recmesh/recmesh/bench/loadgen"
@@ -60,17 +67,22 @@ func main() {
 
 type config struct {
 	root, bin, bundle, results string
-	arms                       []string
-	batches, clients           []int
-	openFractions              []float64
-	warmup, duration           time.Duration
-	repeats                    int
-	connections                int
-	frontends                  int
-	pyProcesses, pyWorkers     int
-	serverCPUs, clientCPUs     string
-	timeout, readyTimeout      time.Duration
-	parityExamples             int
+	// workloads are the bundles swept one after the other; bundle and
+	// results above are the current workload's while it runs.
+	workloads              []workload
+	strict                 bool
+	denseCost              bool
+	arms                   []string
+	batches, clients       []int
+	openFractions          []float64
+	warmup, duration       time.Duration
+	repeats                int
+	connections            int
+	frontends              int
+	pyProcesses, pyWorkers int
+	serverCPUs, clientCPUs string
+	timeout, readyTimeout  time.Duration
+	parityExamples         int
 
 	memArms                []string
 	memInstances           []int
@@ -100,15 +112,19 @@ func defaultCPUs(n int) (server, client string) {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := &config{out: stdout}
-	var arms, batches, clients, fracs, memArms, memInst string
+	var arms, batches, clients, fracs, memArms, memInst, workloads, workloadName string
 	defServer, defClient := defaultCPUs(runtime.NumCPU())
 	fs := flag.NewFlagSet("benchrun", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.root, "root", ".", "repository root `dir` (bench/python, .deps)")
 	fs.StringVar(&c.bin, "bin", "bin", "`dir` of recmesh, embedder, accelerator and frontend")
-	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "model bundle `dir`")
+	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "model bundle `dir` of a single workload (see -workloads)")
+	fs.StringVar(&workloadName, "workload", "", "name of the -bundle workload (default: from its config, mlperf or hostbound)")
+	fs.StringVar(&workloads, "workloads", "", "`name=dir,…`: workloads swept one after the other, each into <results>/<name>/ (overrides -bundle)")
+	fs.BoolVar(&c.strict, "strict", false, "exit non-zero when any arm fails to start, fails parity or any request fails")
+	fs.BoolVar(&c.denseCost, "dense-cost", true, "measure each workload's dense network against its lookups on one server core")
 	fs.StringVar(&c.results, "results", "bench/results", "results `dir` (point JSONs per arm, run.json, REPORT.md, SVGs)")
-	fs.StringVar(&arms, "arms", "recmesh-full,recmesh-model,recmesh-none,py,py-mp", "arms to run, comma-separated")
+	fs.StringVar(&arms, "arms", strings.Join(armNames(), ","), "arms to run, comma-separated")
 	fs.StringVar(&batches, "batches", "1,16,128", "request sizes B_req")
 	fs.StringVar(&clients, "clients", "1,4,16,64,256", "closed-loop concurrent clients C")
 	fs.StringVar(&fracs, "open", "0.5,0.8", "open-loop rates as fractions of each arm's closed-loop peak (empty: none)")
@@ -117,15 +133,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&c.repeats, "repeats", 3, "measured repeats per point (medians are reported)")
 	fs.IntVar(&c.connections, "connections", 64, "persistent gRPC connections per arm, shared by every point")
 	fs.IntVar(&c.frontends, "frontends", 2, "frontend processes of the recmesh arms")
-	fs.IntVar(&c.pyProcesses, "py-processes", 2, "server processes of the py-mp arm")
+	fs.IntVar(&c.pyProcesses, "py-processes", 2, "frontend processes of the multi-process Python arms")
 	fs.IntVar(&c.pyWorkers, "py-workers", 8, "gRPC worker threads per Python process")
 	fs.StringVar(&c.serverCPUs, "server-cpus", defServer, "CPU `list` every arm is pinned to (empty: not pinned)")
 	fs.StringVar(&c.clientCPUs, "client-cpus", defClient, "CPU `list` the load generator and monitor are pinned to (empty: not pinned)")
 	fs.DurationVar(&c.timeout, "timeout", loadgen.DefaultTimeout, "per-request deadline")
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 5*time.Minute, "how long an arm may take to start")
 	fs.IntVar(&c.parityExamples, "parity-examples", parity.DefaultExamples, "examples compared by the parity check")
-	fs.StringVar(&memArms, "memory-arms", "recmesh-full,py-mp", "arms of the memory-scaling check (empty: skip it)")
-	fs.StringVar(&memInst, "memory-instances", "1,2,4", "frontend (mesh) or process (py-mp) counts of the memory check")
+	fs.StringVar(&memArms, "memory-arms", "recmesh-full,py-mp-batch", "arms of the memory-scaling check, run on the first workload (empty: skip it)")
+	fs.StringVar(&memInst, "memory-instances", "1,4", "frontend (mesh) or process (Python) counts of the memory check")
 	fs.IntVar(&c.memBatch, "memory-batch", 16, "B_req of the memory check's light load")
 	fs.IntVar(&c.memClients, "memory-clients", 4, "C of the memory check's light load")
 	fs.DurationVar(&c.memWarmup, "memory-warmup", time.Second, "memory check: warm-up")
@@ -140,11 +156,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if c.reportOnly {
-		r, err := report.Load(c.results)
+		runs, err := report.LoadSuite(c.results)
 		if err != nil {
 			return err
 		}
-		return finish(c, r)
+		return finish(c, runs)
 	}
 	// Pin first, before any goroutine of ours exists; the arms are pinned
 	// separately through taskset.
@@ -175,8 +191,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	for _, a := range c.memArms {
-		if s, err := parseArm(a); err != nil || s.py == "py" {
-			return fmt.Errorf("-memory-arms: %q: want a recmesh arm or py-mp", a)
+		if s, err := parseArm(a); err != nil || !(s.mesh || s.multi()) {
+			return fmt.Errorf("-memory-arms: %q: want a recmesh arm or a multi-process Python arm", a)
 		}
 	}
 	if c.batches, err = intList("-batches", batches); err != nil {
@@ -204,15 +220,157 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	return sweep(ctx, c)
+	if c.workloads, err = parseWorkloads(workloads, c.bundle, workloadName); err != nil {
+		return err
+	}
+	return sweepAll(ctx, c)
 }
 
-func sweep(ctx context.Context, c *config) error {
-	cfg, err := readConfig(c.bundle)
+// workload is one bundle the sweep runs every arm on.
+type workload struct {
+	name, bundle string
+}
+
+// parseWorkloads reads -workloads, or makes the one workload of -bundle,
+// named by -workload or else after its config (see workloadOf).
+func parseWorkloads(list, bundle, name string) ([]workload, error) {
+	if strings.TrimSpace(list) == "" {
+		if name == "" {
+			cfg, err := readConfig(bundle)
+			if err != nil {
+				return nil, err
+			}
+			name = workloadOf(cfg)
+		}
+		return []workload{{name: name, bundle: bundle}}, nil
+	}
+	items, _ := splitList(list)
+	var out []workload
+	for _, it := range items {
+		n, dir, ok := strings.Cut(it, "=")
+		if !ok || n == "" || dir == "" || strings.ContainsAny(n, "/ ") {
+			return nil, fmt.Errorf("-workloads: %q: want name=dir (a name without / or spaces)", it)
+		}
+		for _, w := range out {
+			if w.name == n {
+				return nil, fmt.Errorf("-workloads: %q named twice", n)
+			}
+		}
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, workload{name: n, bundle: abs})
+	}
+	return out, nil
+}
+
+// workloadOf names a bundle's workload: "hostbound" for the exporter's
+// host-bound preset, "mlperf" for anything else.
+func workloadOf(cfg model.Config) string {
+	if strings.HasSuffix(cfg.Name, "-hostbound") {
+		return "hostbound"
+	}
+	return "mlperf"
+}
+
+// sweepAll sweeps every workload into its own results subdirectory (the
+// memory check with the first), then writes the report of them all.
+func sweepAll(ctx context.Context, c *config) error {
+	var runs []*report.Run
+	var names []string
+	for i, wl := range c.workloads {
+		wc := *c
+		wc.bundle = wl.bundle
+		wc.results = filepath.Join(c.results, wl.name)
+		if i > 0 {
+			wc.memArms = nil
+		}
+		fmt.Fprintf(c.out, "benchrun: workload %s (%s)\n", wl.name, wl.bundle)
+		r, err := sweep(ctx, &wc, wl.name)
+		if err != nil {
+			return fmt.Errorf("workload %s: %w", wl.name, err)
+		}
+		runs = append(runs, r)
+		names = append(names, wl.name)
+	}
+	if err := report.WriteSuiteManifest(c.results, names); err != nil {
+		return err
+	}
+	// Reload, so the report is rendered exactly as -report-only would.
+	loaded, err := report.LoadSuite(c.results)
 	if err != nil {
 		return err
 	}
+	if err := finish(c, loaded); err != nil {
+		return err
+	}
+	if c.strict {
+		return strictCheck(loaded)
+	}
+	return nil
+}
+
+// strictCheck fails a run in which any arm failed to start or to pass
+// parity, or any measured request failed.
+func strictCheck(runs []*report.Run) error {
+	var bad []string
+	for _, r := range runs {
+		for _, a := range r.Arms {
+			if a.Error != "" {
+				bad = append(bad, fmt.Sprintf("%s/%s: %s", r.Workload, a.Name, firstLine(a.Error)))
+			} else if a.Parity == nil || !a.Parity.Pass {
+				bad = append(bad, fmt.Sprintf("%s/%s: no parity pass", r.Workload, a.Name))
+			}
+		}
+		for _, p := range r.Points {
+			if n := failures(p); n > 0 {
+				bad = append(bad, fmt.Sprintf("%s/%s B_req %d %s C=%d: %d failed requests", r.Workload, p.Arm, p.BatchSize, p.Label, p.Concurrency, n))
+			}
+		}
+		if r.Memory != nil {
+			for _, row := range r.Memory.Rows {
+				if row.Error != "" {
+					bad = append(bad, fmt.Sprintf("%s/memory %s × %d: %s", r.Workload, row.Arm, row.Instances, firstLine(row.Error)))
+				}
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("-strict: %d problem(s):\n  %s", len(bad), strings.Join(bad, "\n  "))
+	}
+	return nil
+}
+
+// failures counts a point's failed requests, less those refused with
+// RESOURCE_EXHAUSTED: shedding load it cannot serve within the latency
+// target is what an SLO-aware server is meant to do, and the report
+// already keeps such points out of the budget tables.
+func failures(p *loadgen.Point) int64 {
+	var n int64
+	for _, r := range p.Runs {
+		if r.Result == nil {
+			continue
+		}
+		n += r.Errors - r.ErrorsByCode[oip.CodeName(codes.ResourceExhausted)]
+	}
+	return n
+}
+
+func firstLine(s string) string {
+	first, _, _ := strings.Cut(s, "\n")
+	return first
+}
+
+// sweep runs every arm on the current workload (c.bundle) into
+// c.results and returns its manifest.
+func sweep(ctx context.Context, c *config, name string) (*report.Run, error) {
+	cfg, err := readConfig(c.bundle)
+	if err != nil {
+		return nil, err
+	}
 	r := &report.Run{
+		Workload:  name,
 		StartedAt: time.Now().UTC(),
 		Env:       environment(c, cfg),
 		Sweep: report.Sweep{
@@ -225,7 +383,7 @@ func sweep(ctx context.Context, c *config) error {
 	// report; other subdirectories (smoke/, lookup/) are left alone.
 	for _, d := range append(slices.Clone(c.arms), "memory") {
 		if err := os.RemoveAll(filepath.Join(c.results, d)); err != nil {
-			return fmt.Errorf("clean results: %w", err)
+			return nil, fmt.Errorf("clean results: %w", err)
 		}
 	}
 	workloads := map[int]*loadgen.Workload{}
@@ -235,11 +393,17 @@ func sweep(ctx context.Context, c *config) error {
 		}
 		w, err := loadgen.NewWorkload(cfg, loadgen.WorkloadOptions{BatchSize: b, Seed: 1})
 		if err != nil {
-			return fmt.Errorf("workload B_req %d: %w", b, err)
+			return nil, fmt.Errorf("workload B_req %d: %w", b, err)
 		}
 		workloads[b] = w
 	}
 
+	if c.denseCost {
+		r.DenseCost = c.measureDenseCost(ctx)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
 	for _, name := range c.arms {
 		spec, _ := parseArm(name)
 		arm := report.Arm{Name: name, Kind: report.KindOf(name), Detail: c.detail(spec, 0)}
@@ -248,7 +412,7 @@ func sweep(ctx context.Context, c *config) error {
 		r.PointFiles = append(r.PointFiles, files...)
 		if err != nil {
 			if ctx.Err() != nil {
-				return err
+				return nil, err
 			}
 			arm.Error = err.Error()
 			fmt.Fprintf(c.out, "benchrun: arm %s: %v\n", name, err)
@@ -258,62 +422,59 @@ func sweep(ctx context.Context, c *config) error {
 	if len(c.memArms) > 0 {
 		r.Memory = c.memoryCheck(ctx, cfg, workloads[c.memBatch])
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 	r.FinishedAt = time.Now().UTC()
 	if err := r.WriteManifest(c.results); err != nil {
-		return err
+		return nil, err
 	}
-	// Reload, so the report is rendered exactly as -report-only would.
-	loaded, err := report.Load(c.results)
-	if err != nil {
-		return err
-	}
-	return finish(c, loaded)
+	return r, nil
 }
 
 // finish writes the report and prints the summary lines, last.
-func finish(c *config, r *report.Run) error {
-	if err := report.Write(c.results, r); err != nil {
+func finish(c *config, runs []*report.Run) error {
+	if err := report.WriteSuite(c.results, runs); err != nil {
 		return err
 	}
 	fmt.Fprintf(c.out, "benchrun: wrote %s\n", filepath.Join(c.results, report.ReportFile))
-	if r.Memory != nil {
-		_, v := report.MemoryVerdict(r.Memory)
-		fmt.Fprintln(c.out, v)
+	for _, r := range runs {
+		if r.Memory != nil {
+			_, v := report.MemoryVerdict(r.Memory)
+			fmt.Fprintln(c.out, v)
+		}
 	}
-	var arms []string
-	for _, a := range r.Arms {
-		arms = append(arms, a.Name)
-	}
-	for _, l := range report.Lines(r.Points, arms, r.Sweep.Batches) {
+	for _, l := range report.SuiteLines(runs) {
 		fmt.Fprintln(c.out, l)
 	}
 	return nil
 }
 
 func (c *config) detail(spec armSpec, n int) string {
-	switch {
-	case spec.mesh:
+	if spec.mesh {
 		if n == 0 {
 			n = c.frontends
 		}
 		return fmt.Sprintf("recmesh run --batch-mode %s, %d frontends", spec.mode, n)
-	case spec.py == "py-mp":
+	}
+	threads := strconv.Itoa(c.pyWorkers)
+	if spec.batching() {
+		threads = "256"
+	}
+	if spec.multi() {
 		if n == 0 {
 			n = c.pyProcesses
 		}
-		return fmt.Sprintf("server.py --mode py-mp, %d processes × %d gRPC threads", n, c.pyWorkers)
+		return fmt.Sprintf("server.py --mode %s, %d frontend processes × %s gRPC threads", spec.py, n, threads)
 	}
-	return fmt.Sprintf("server.py --mode py, 1 process × %d gRPC threads", c.pyWorkers)
+	return fmt.Sprintf("server.py --mode %s, 1 process × %s gRPC threads", spec.py, threads)
 }
 
 // runArm starts one arm, checks parity and sweeps it. It returns the point
 // files written (relative to the results directory) and the parity result.
 func (c *config) runArm(ctx context.Context, spec armSpec, cfg model.Config, workloads map[int]*loadgen.Workload) ([]string, *report.Parity, error) {
 	n := c.frontends
-	if spec.py == "py-mp" {
+	if spec.multi() {
 		n = c.pyProcesses
 	}
 	fmt.Fprintf(c.out, "benchrun: arm %s: starting (%s)\n", spec.name, c.detail(spec, n))
@@ -439,7 +600,7 @@ func (c *config) point(ctx context.Context, arm, label string, srv *server, pool
 	}
 	for i := range repeats {
 		rc.Seed = 1 + uint64(i)
-		rec, err := measure(ctx, pool, w, rc, srv.pid)
+		rec, err := measure(ctx, pool, w, rc, srv.pid, c.clientCPUCount())
 		if err != nil {
 			return nil, fmt.Errorf("%s %s B_req %d: %w", arm, label, w.BatchSize, err)
 		}
@@ -452,23 +613,53 @@ func (c *config) point(ctx context.Context, arm, label string, srv *server, pool
 	if rc.Mode == loadgen.Open {
 		load = fmt.Sprintf("%s rate=%.0f/s", label, p.RateRPS)
 	}
-	fmt.Fprintf(c.out, "benchrun:   %s B_req=%d %s: %.0f examples/s, p50 %.2f p99 %.2f ms, %d errors, server %.2f cores %.3f CPU-s/1k, RSS %.0f MiB\n",
-		arm, p.BatchSize, load, s.ExamplesPerS, s.P50Ms, s.P99Ms, s.Errors, s.ServerCPUCores, s.ServerCPUSPer1kExamples, float64(s.ServerPeakRSSBytes)/(1<<20))
+	sat := ""
+	if s.ClientSaturated {
+		sat = " (client saturated: not a headline point)"
+	}
+	fmt.Fprintf(c.out, "benchrun:   %s B_req=%d %s: %.0f examples/s, p50 %.2f p99 %.2f ms, %d errors, server %.2f cores %.3f CPU-s/1k, PSS %.0f MiB, client %.2f cores%s\n",
+		arm, p.BatchSize, load, s.ExamplesPerS, s.P50Ms, s.P99Ms, s.Errors, s.ServerCPUCores, s.ServerCPUSPer1kExamples, float64(s.ServerPeakPSSBytes)/(1<<20), s.ClientCPUCores, sat)
 	return p, nil
 }
 
-// measure runs one repeat with the monitor over exactly its window.
-func measure(ctx context.Context, pool *oip.Pool, w *loadgen.Workload, rc loadgen.Config, pid int) (loadgen.RunRecord, error) {
+// clientCPUCount is how many CPUs the load generator may use.
+func (c *config) clientCPUCount() int {
+	if c.clientCPUs != "" {
+		if set, err := cpuset.Parse(c.clientCPUs); err == nil && set.Count() > 0 {
+			return set.Count()
+		}
+	}
+	return runtime.NumCPU()
+}
+
+// selfCPU is this process's user+system CPU time in seconds: the load
+// generator, the monitor and the runner, all of which share the client
+// CPUs.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+// measure runs one repeat with the monitor over exactly its window, and
+// the load generator's own CPU use over the same window.
+func measure(ctx context.Context, pool *oip.Pool, w *loadgen.Workload, rc loadgen.Config, pid, clientCPUs int) (loadgen.RunRecord, error) {
 	var (
-		mon    *monitor.Monitor
-		rep    *monitor.Report
-		monErr error
+		mon          *monitor.Monitor
+		rep          *monitor.Report
+		monErr       error
+		cpu0, cpu1   float64
+		wall0, wall1 time.Time
 	)
 	hooks := loadgen.Hooks{
 		WindowStart: func() {
+			wall0, cpu0 = time.Now(), selfCPU()
 			mon, monErr = monitor.Start(monitor.Options{PIDs: []int{pid}, Descendants: true})
 		},
 		WindowEnd: func() {
+			wall1, cpu1 = time.Now(), selfCPU()
 			if mon != nil {
 				rep, monErr = mon.Stop()
 			}
@@ -484,7 +675,11 @@ func measure(ctx context.Context, pool *oip.Pool, w *loadgen.Workload, rc loadge
 	if rep != nil {
 		rep.SetExamples(res.CompletedInWindow * int64(w.BatchSize))
 	}
-	return loadgen.RunRecord{Result: res, Monitor: rep}, nil
+	rec := loadgen.RunRecord{Result: res, Monitor: rep}
+	if !wall0.IsZero() && wall1.After(wall0) {
+		rec.Client = loadgen.NewClientUsage(cpu1-cpu0, wall1.Sub(wall0).Seconds(), clientCPUs)
+	}
+	return rec, nil
 }
 
 // memoryCheck starts each memory arm at each instance count, checks

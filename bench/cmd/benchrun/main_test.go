@@ -6,6 +6,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/recmesh/recmesh/bench/loadgen"
+	"github.com/recmesh/recmesh/bench/report"
 )
 
 func TestDefaultCPUs(t *testing.T) {
@@ -51,8 +54,17 @@ func TestParseArm(t *testing.T) {
 	if err != nil || !s.mesh || s.mode != "model" {
 		t.Errorf("parseArm(recmesh-model) = %+v, %v", s, err)
 	}
-	if s, err := parseArm("py-mp"); err != nil || s.py != "py-mp" {
+	if s, err := parseArm("py-mp"); err != nil || s.py != "py-mp" || !s.multi() {
 		t.Errorf("parseArm(py-mp) = %+v, %v", s, err)
+	}
+	if s, err := parseArm("py-batch"); err != nil || s.py != "py-batch" || s.multi() {
+		t.Errorf("parseArm(py-batch) = %+v, %v", s, err)
+	}
+	if s, err := parseArm("py-mp-batch"); err != nil || !s.multi() {
+		t.Errorf("parseArm(py-mp-batch) = %+v, %v", s, err)
+	}
+	if _, err := parseArm("recmesh-bogus"); err == nil {
+		t.Error("parseArm accepted recmesh-bogus")
 	}
 	if _, err := parseArm("xse"); err == nil {
 		t.Error("parseArm accepted xse")
@@ -69,6 +81,61 @@ func TestFlagErrors(t *testing.T) {
 		err := run(context.Background(), args, io.Discard, io.Discard)
 		if err == nil || strings.Contains(err.Error(), "model config") {
 			t.Errorf("run(%q) = %v, want a flag error", args, err)
+		}
+	}
+}
+
+func TestParseWorkloads(t *testing.T) {
+	ws, err := parseWorkloads("mlperf=data/a, hostbound=/b", "", "")
+	if err != nil || len(ws) != 2 || ws[0].name != "mlperf" || !strings.HasSuffix(ws[0].bundle, "/data/a") || ws[1].bundle != "/b" {
+		t.Errorf("parseWorkloads = %+v, %v", ws, err)
+	}
+	for _, bad := range []string{"mlperf", "=x", "a/b=x", "m=a,m=b"} {
+		if _, err := parseWorkloads(bad, "", ""); err == nil || !strings.Contains(err.Error(), "-workloads") {
+			t.Errorf("parseWorkloads(%q) = %v, want an error naming -workloads", bad, err)
+		}
+	}
+	if ws, err := parseWorkloads("", "/x", "hostbound"); err != nil || len(ws) != 1 || ws[0] != (workload{"hostbound", "/x"}) {
+		t.Errorf("single -bundle workload = %+v, %v", ws, err)
+	}
+}
+
+func TestParseModelLines(t *testing.T) {
+	out := []byte("model: cpu=\"x\" cores=1\nmodel: bucket=1 examples_per_s=250 examples_per_core_s=250\n" +
+		"noise\nmodel: bucket=128 examples_per_s=3100.5 examples_per_core_s=3000\n")
+	got, err := parseModelLines(out)
+	if err != nil || len(got) != 2 || got[1] != 250 || got[128] != 3100.5 {
+		t.Errorf("parseModelLines = %v, %v", got, err)
+	}
+	if _, err := parseModelLines([]byte("model: bucket=x examples_per_s=1\n")); err == nil {
+		t.Error("a bad bucket parsed")
+	}
+}
+
+func TestStrictCheck(t *testing.T) {
+	ok := &report.Parity{Pass: true}
+	runs := []*report.Run{{Workload: "w", Arms: []report.Arm{{Name: "py", Parity: ok}}}}
+	if err := strictCheck(runs); err != nil {
+		t.Errorf("clean run: %v", err)
+	}
+	runs[0].Arms = append(runs[0].Arms, report.Arm{Name: "py-batch", Error: "arm py-batch: exited before ready\nlog"},
+		report.Arm{Name: "recmesh-full", Parity: &report.Parity{Pass: false}})
+	p := &loadgen.Point{Arm: "py", BatchSize: 16, Label: report.LabelClosed, Concurrency: 4, Runs: []loadgen.RunRecord{
+		{Result: &loadgen.Result{Errors: 5, ErrorsByCode: map[string]int64{"UNAVAILABLE": 3, "RESOURCE_EXHAUSTED": 2}}}}}
+	// Shedding alone is no failure.
+	shed := &loadgen.Point{Arm: "recmesh-slo", BatchSize: 16, Label: report.LabelClosed, Concurrency: 64, Runs: []loadgen.RunRecord{
+		{Result: &loadgen.Result{Errors: 9, ErrorsByCode: map[string]int64{"RESOURCE_EXHAUSTED": 9}}}}}
+	runs[0].Points = append(runs[0].Points, p, shed)
+	err := strictCheck(runs)
+	if err == nil {
+		t.Fatal("a failed arm, a parity failure and request errors passed -strict")
+	}
+	if strings.Contains(err.Error(), "recmesh-slo") {
+		t.Errorf("-strict failed a point that only shed load: %v", err)
+	}
+	for _, want := range []string{"w/py-batch: arm py-batch: exited before ready", "w/recmesh-full: no parity pass", "w/py B_req 16 closed C=4: 3 failed requests"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("strict error lacks %q:\n%v", want, err)
 		}
 	}
 }
