@@ -85,7 +85,16 @@ e2e: deps
 	@grep -E '^\s*(--- |e2e_test.go:[0-9]+: mode)' $(DEPS)/e2e.log || true
 	@cat $(DEPS)/e2e.summary
 
+## bench-model: recmesh's compiled DCNv2 against JAX's (on the same PJRT
+## plugin, and on jaxlib's own CPU backend), per bucket, on one core; see
+## accelerator/jaxbench/benchmodel.py.
+BENCH_MODEL_BUNDLE ?= $(DEV_BUNDLE)
+BENCH_MODEL_ARGS   ?= --cpu 0 --buckets 1,16,128 --rounds 3 --duration 1 --jax-default-client
+
 bench-model: deps $(DEV_BUNDLE)/model.safetensors
-	$(GO) run ./accelerator/cmd/accelerator bench --bundle $(DEV_BUNDLE)
+	@mkdir -p $(DEPS)/bench-model
+	$(GO) build -o $(DEPS)/bench-model/accelerator ./accelerator/cmd/accelerator
+	$(DEPS)/bench-venv/bin/python accelerator/jaxbench/benchmodel.py --accelerator $(DEPS)/bench-model/accelerator \
+		--bundle $(BENCH_MODEL_BUNDLE) --plugin $(PJRT_PLUGIN) $(BENCH_MODEL_ARGS)
 
 -include mk/*.mk

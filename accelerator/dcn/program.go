@@ -15,8 +15,8 @@ import (
 	"github.com/recmesh/recmesh/model"
 )
 
-// Program argument order: the two per-batch inputs first, then every dense
-// parameter in cfg.DenseParams() order (uploaded once, reused by every call).
+// Program argument order: the two per-batch inputs first, then the dense
+// parameters in Params order (uploaded once, reused by every call).
 const (
 	ArgDense  = 0 // [B, NumDense] f32
 	ArgPooled = 1 // [B, tables, dim] f32
@@ -29,11 +29,100 @@ type Options struct {
 	// plugins from falling back to TF32, which would break the 1e-4 parity
 	// with the float64 reference; the CPU plugin computes f32 either way.
 	Precision types.DotGeneralPrecisionType
+	// SplitFirstProduct computes the first product of the interaction
+	// vector x0 = concat(bottom MLP output, pooled vectors), x0·W (the first
+	// cross layer's V, or the top MLP's first kernel when there is no cross
+	// layer), as bottom·W[:d] + pooled·W[d:], with W uploaded as those two
+	// row blocks: the product then reads the pooled input where it lies
+	// instead of a concatenated copy that XLA otherwise builds for it. When
+	// false the program is the plain transcription of the model.
+	SplitFirstProduct bool
 }
 
 // DefaultOptions are the options used when serving.
 func DefaultOptions() Options {
+	return Options{Precision: types.DotGeneralPrecisionHighest, SplitFirstProduct: true}
+}
+
+// PlainOptions are the plain transcription of model/reference.go's math,
+// the yardstick of DefaultOptions in tests.
+func PlainOptions() Options {
 	return Options{Precision: types.DotGeneralPrecisionHighest}
+}
+
+// Param is one weight argument of the program: rows [RowFrom, RowTo) of
+// the bundle's dense tensor Tensor, row-major, shaped Shape.
+type Param struct {
+	Name           string
+	Tensor         string
+	RowFrom, RowTo int
+	Shape          []int
+}
+
+// Elements is the number of float32 values of the argument.
+func (p Param) Elements() int {
+	n := 1
+	for _, d := range p.Shape {
+		n *= d
+	}
+	return n
+}
+
+// Slice returns the argument's values out of the whole tensor t, row-major
+// in the bundle's shape.
+func (p Param) Slice(t []float32) ([]float32, error) {
+	rows := p.RowTo - p.RowFrom
+	if rows <= 0 || p.RowFrom < 0 || p.Elements()%rows != 0 {
+		return nil, fmt.Errorf("dcn: parameter %s: bad row range [%d,%d) for shape %v", p.Name, p.RowFrom, p.RowTo, p.Shape)
+	}
+	cols := p.Elements() / rows
+	from, to := p.RowFrom*cols, p.RowTo*cols
+	if to > len(t) {
+		return nil, fmt.Errorf("dcn: parameter %s: rows [%d,%d) of %d columns exceed tensor %s's %d values",
+			p.Name, p.RowFrom, p.RowTo, cols, p.Tensor, len(t))
+	}
+	return t[from:to], nil
+}
+
+// Suffixes of the two row blocks of a split first-product weight.
+const (
+	SplitBottom = ".bottom"
+	SplitPooled = ".pooled"
+)
+
+// firstProduct is the name of the weight that multiplies x0 first.
+func firstProduct(cfg model.Config) string {
+	if cfg.CrossLayers > 0 {
+		return "cross.0.v"
+	}
+	return "top_mlp.0.kernel"
+}
+
+// Params lists the program's weight arguments in order: every tensor of
+// cfg.DenseParams(), except that with SplitFirstProduct the first weight
+// applied to x0 becomes its bottom-MLP rows and its pooled rows.
+func Params(cfg model.Config, opts Options) []Param {
+	var out []Param
+	split := ""
+	if opts.SplitFirstProduct {
+		split = firstProduct(cfg)
+	}
+	bottom := cfg.EmbeddingDim // the bottom MLP's output width
+	if n := len(cfg.BottomMLP); n > 0 {
+		bottom = cfg.BottomMLP[n-1]
+	}
+	for _, s := range cfg.DenseParams() {
+		rows := s.Shape[0]
+		if s.Name == split {
+			cols := s.Shape[1]
+			out = append(out,
+				Param{Name: s.Name + SplitBottom, Tensor: s.Name, RowFrom: 0, RowTo: bottom, Shape: []int{bottom, cols}},
+				Param{Name: s.Name + SplitPooled, Tensor: s.Name, RowFrom: bottom, RowTo: rows, Shape: []int{rows - bottom, cols}})
+			continue
+		}
+		out = append(out, Param{Name: s.Name, Tensor: s.Name, RowFrom: 0, RowTo: rows, Shape: s.Shape})
+	}
+	return out
 }
 
 // Build returns the StableHLO text of the DCNv2 forward pass for a batch of
@@ -72,12 +161,11 @@ func (b *builder) keep(v *stablehlo.Value, err error) *stablehlo.Value {
 func (b *builder) build(cfg model.Config, bucket int) ([]byte, error) {
 	hlo := stablehlo.New(fmt.Sprintf("dcnv2_b%d", bucket))
 	b.fn = hlo.Main()
-	f32 := dtypes.Float32
 	tables := len(cfg.VocabSizes)
 	dense := b.keep(b.fn.NamedInput("dense", shapes.Make(f32, bucket, cfg.NumDense)))
 	pooled := b.keep(b.fn.NamedInput("pooled", shapes.Make(f32, bucket, tables, cfg.EmbeddingDim)))
 	params := make(map[string]*stablehlo.Value)
-	for _, p := range cfg.DenseParams() {
+	for _, p := range Params(cfg, b.opts) {
 		params[p.Name] = b.keep(b.fn.NamedInput(stablehlo.NormalizeIdentifier(p.Name), shapes.Make(f32, p.Shape...)))
 	}
 	if b.err != nil {
@@ -88,18 +176,47 @@ func (b *builder) build(cfg model.Config, bucket int) ([]byte, error) {
 	for l := range cfg.BottomMLP {
 		x = b.relu(b.linear(x, params[fmt.Sprintf("bottom_mlp.%d.kernel", l)], params[fmt.Sprintf("bottom_mlp.%d.bias", l)]))
 	}
+	bottom := x
 	flat := b.keep(stablehlo.Reshape(pooled, shapes.Make(f32, bucket, tables*cfg.EmbeddingDim)))
-	x0 := b.keep(stablehlo.Concatenate(1, x, flat))
+	// x0 = concat(bottom, flat) is materialised only where it is needed
+	// whole: by the cross layers' x0 ⊙ (…), or by the plain program.
+	var x0 *stablehlo.Value
+	if cfg.CrossLayers > 0 || !b.opts.SplitFirstProduct {
+		x0 = b.keep(stablehlo.Concatenate(1, bottom, flat))
+	}
+	// x0Times is x0·W for the weight called name, the first product of x0.
+	x0Times := func(name string) *stablehlo.Value {
+		if b.err != nil {
+			return nil
+		}
+		if !b.opts.SplitFirstProduct {
+			return b.dot(x0, params[name])
+		}
+		return b.keep(stablehlo.Add(b.dot(bottom, params[name+SplitBottom]), b.dot(flat, params[name+SplitPooled])))
+	}
 	xl := x0
 	for l := 0; l < cfg.CrossLayers; l++ {
-		low := b.dot(xl, params[fmt.Sprintf("cross.%d.v", l)])
+		var low *stablehlo.Value
+		if name := fmt.Sprintf("cross.%d.v", l); l == 0 {
+			low = x0Times(name)
+		} else {
+			low = b.dot(xl, params[name])
+		}
 		up := b.linear(low, params[fmt.Sprintf("cross.%d.u", l)], params[fmt.Sprintf("cross.%d.bias", l)])
+		if b.err != nil {
+			return nil, b.err
+		}
 		xl = b.keep(stablehlo.Add(b.keep(stablehlo.Multiply(x0, up)), xl))
 	}
 	x = xl
 	last := len(cfg.TopMLP) - 1
 	for l := range cfg.TopMLP {
-		x = b.linear(x, params[fmt.Sprintf("top_mlp.%d.kernel", l)], params[fmt.Sprintf("top_mlp.%d.bias", l)])
+		kernel, bias := fmt.Sprintf("top_mlp.%d.kernel", l), params[fmt.Sprintf("top_mlp.%d.bias", l)]
+		if l == 0 && cfg.CrossLayers == 0 {
+			x = b.addBias(x0Times(kernel), bias)
+		} else {
+			x = b.linear(x, params[kernel], bias)
+		}
 		if l < last {
 			x = b.relu(x)
 		}
@@ -125,7 +242,11 @@ func (b *builder) dot(x, w *stablehlo.Value) *stablehlo.Value {
 
 // linear computes x·W + b with b broadcast over the batch.
 func (b *builder) linear(x, w, bias *stablehlo.Value) *stablehlo.Value {
-	y := b.dot(x, w)
+	return b.addBias(b.dot(x, w), bias)
+}
+
+// addBias adds b, broadcast over the batch, to y.
+func (b *builder) addBias(y, bias *stablehlo.Value) *stablehlo.Value {
 	if b.err != nil {
 		return nil
 	}
@@ -141,3 +262,6 @@ func (b *builder) relu(x *stablehlo.Value) *stablehlo.Value {
 	zb := b.keep(stablehlo.BroadcastInDim(zero, x.Shape(), nil))
 	return b.keep(stablehlo.Maximum(x, zb))
 }
+
+// f32 is the dtype of every tensor of the program.
+const f32 = dtypes.Float32

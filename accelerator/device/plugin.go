@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/gomlx/gopjrt/pjrt"
@@ -105,14 +106,51 @@ type Runtime struct {
 	Path string
 	// APIMajor and APIMinor are the plugin's PJRT C API version.
 	APIMajor, APIMinor int
+	// Threads is the size XLA's CPU thread pools were given (its intra-op
+	// Eigen pool and the pool that runs executions), and ThreadsFrom what
+	// decided it; 0 and "" for a plugin that is not the CPU one.
+	Threads     int
+	ThreadsFrom string
+	// CPUDeviceCount is the cpu_device_count create option the CPU client
+	// got (0 when none was passed).
+	CPUDeviceCount int
 }
 
+// Options tune the client Open creates.
+type Options struct {
+	// Threads sizes the CPU plugin's thread pools. Default (0): the usable
+	// cores (UsableCPUs: the affinity mask capped by the cgroup quota),
+	// unless PJRT_NPROC or NPROC is set in the environment, which XLA then
+	// reads itself.
+	Threads int
+}
+
+// Environment variables XLA's CPU client sizes its thread pools by
+// (xla/pjrt/utils.cc DefaultThreadPoolSize: the first one set wins, else
+// the affinity mask).
+const (
+	envPJRTNProc = "PJRT_NPROC"
+	envNProc     = "NPROC"
+)
+
+// cpuDeviceCount is the cpu_device_count create option given to the CPU
+// plugin. The plugin's default of 4 CPU devices also makes XLA's thread
+// pools at least 4 threads (cpu_client.cc: max(DefaultThreadPoolSize(),
+// cpu_device_count)), whatever the cores: on one core the extra threads spin
+// against the one doing the work. The executor uses a single device.
+const cpuDeviceCount = 1
+
 // Open loads the plugin found by FindPlugin(explicit), checks its API
-// version against the binding and creates a client. A plugin of another
-// major version is refused; a newer minor version is logged, because the
-// struct-size handshake usually lets an older header work with it, and the
-// executor's smoke run at start-up catches the cases where it does not.
+// version against the binding and creates a client, with default Options.
 func Open(explicit string, log *slog.Logger) (*Runtime, error) {
+	return OpenWith(explicit, log, Options{})
+}
+
+// OpenWith is Open with options. A plugin of another major version is
+// refused; a newer minor version is logged, because the struct-size
+// handshake usually lets an older header work with it, and the executor's
+// smoke run at start-up catches the cases where it does not.
+func OpenWith(explicit string, log *slog.Logger, opts Options) (*Runtime, error) {
 	path, err := FindPlugin(explicit)
 	if err != nil {
 		return nil, fmt.Errorf("device: %w", err)
@@ -133,12 +171,71 @@ func Open(explicit string, log *slog.Logger) (*Runtime, error) {
 		log.Warn("pjrt plugin is newer than the binding; relying on struct-size compatibility",
 			"plugin_api", fmt.Sprintf("%d.%d", major, minor))
 	}
-	client, err := plugin.NewClient(nil)
+	rt := &Runtime{Plugin: plugin, Path: path, APIMajor: major, APIMinor: minor}
+	if IsCPUPlugin(path) {
+		rt.Threads, rt.ThreadsFrom = threadCount(opts.Threads, os.Getenv, UsableCPUs)
+		rt.CPUDeviceCount = cpuDeviceCount
+		restore := setEnv(envPJRTNProc, strconv.Itoa(rt.Threads))
+		rt.Client, err = plugin.NewClient(pjrt.NamedValuesMap{"cpu_device_count": int64(cpuDeviceCount)})
+		restore()
+		if err != nil {
+			// A CPU plugin of another lineage may refuse the option: fall
+			// back to its defaults rather than not serve.
+			if log != nil {
+				log.Warn("pjrt CPU plugin refused cpu_device_count; using its defaults", "err", err)
+			}
+			rt.CPUDeviceCount, rt.Threads, rt.ThreadsFrom = 0, 0, ""
+			rt.Client, err = plugin.NewClient(nil)
+		}
+	} else {
+		rt.Client, err = plugin.NewClient(nil)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("device: plugin %s (PJRT API %d.%d, binding %d.%d): create client: %w",
 			path, major, minor, BindingAPIMajor, BindingAPIMinor, err)
 	}
-	return &Runtime{Plugin: plugin, Client: client, Path: path, APIMajor: major, APIMinor: minor}, nil
+	if log != nil && rt.Threads > 0 {
+		log.Info("pjrt CPU client", "xla_threads", rt.Threads, "threads_from", rt.ThreadsFrom,
+			"cpu_device_count", rt.CPUDeviceCount)
+	}
+	return rt, nil
+}
+
+// IsCPUPlugin tells from its file (or registered) name whether a plugin is
+// XLA's CPU plugin, whose client takes cpu_device_count and PJRT_NPROC.
+func IsCPUPlugin(path string) bool {
+	return strings.Contains(strings.ToLower(filepath.Base(path)), "cpu")
+}
+
+// threadCount decides the size of XLA's CPU thread pools: explicit when
+// positive, else what the environment already tells XLA (PJRT_NPROC, then
+// NPROC, XLA's own order), else the usable cores.
+func threadCount(explicit int, getenv func(string) string, usable func() CPUs) (int, string) {
+	if explicit > 0 {
+		return explicit, "option"
+	}
+	for _, name := range []string{envPJRTNProc, envNProc} {
+		if n, err := strconv.Atoi(strings.TrimSpace(getenv(name))); err == nil && n > 0 {
+			return n, name
+		}
+	}
+	c := usable()
+	return c.Usable, "usable cores: " + c.String()
+}
+
+// setEnv sets name to value (in the C environment too: the Go runtime
+// forwards os.Setenv to setenv(3) in a cgo program, which is where XLA
+// reads it) and returns a function that puts the old value back.
+func setEnv(name, value string) (restore func()) {
+	old, had := os.LookupEnv(name)
+	_ = os.Setenv(name, value)
+	return func() {
+		if had {
+			_ = os.Setenv(name, old)
+		} else {
+			_ = os.Unsetenv(name)
+		}
+	}
 }
 
 // ErrIncompatible reports a plugin the binding cannot drive.

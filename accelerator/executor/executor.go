@@ -1,6 +1,7 @@
 // Package executor owns the compiled DCNv2 program of the accelerator: one
 // PJRT executable per power-of-two batch bucket, the dense weights uploaded
-// once as device buffers, and the host input regions the executables read.
+// once (on the CPU plugin: into a huge-page mapping the program reads in
+// place), and the host input regions the executables read.
 package executor
 
 import (
@@ -37,6 +38,17 @@ type Options struct {
 	Program *dcn.Options
 	// Log receives start-up information (compile times). Default: discard.
 	Log *slog.Logger
+	// CopyScores makes Run fetch the scores with PJRT_Buffer_ToHostBuffer
+	// even on the CPU plugin, where by default it reads them in place from
+	// the finished output buffer (the copy is one more hand-off to XLA's
+	// worker thread per call). It is the plain path of every other plugin.
+	CopyScores bool
+	// CopyWeights uploads the weights with PJRT_Client_BufferFromHostBuffer
+	// into the plugin's own memory even on the CPU plugin, where by default
+	// they live in a mapping of the executor's own advised to use huge
+	// pages, which the program reads in place. It is the plain path of
+	// every other plugin.
+	CopyWeights bool
 }
 
 // Buckets returns the power-of-two buckets 1 … ≥maxBatch.
@@ -58,9 +70,15 @@ type Executor struct {
 	buckets []int
 	exes    []*pjrt.LoadedExecutable
 	params  []*pjrt.Buffer
+	// weights is the memory params view, when they are views (CPU plugin,
+	// unless Options.CopyWeights).
+	weights *hostWeights
 	// zeroCopy: the plugin reads host memory in place (CPU); otherwise the
 	// inputs are copied to the device per run.
 	zeroCopy bool
+	// scoresInPlace: Run reads the scores from the output buffer's memory
+	// (CPU, unless Options.CopyScores) instead of copying them out.
+	scoresInPlace bool
 
 	// CompileTime is the wall time to compile every bucket.
 	CompileTime time.Duration
@@ -93,10 +111,11 @@ func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Opt
 		buckets:  Buckets(opts.MaxBatch),
 		zeroCopy: rt.Client.Platform() == "cpu",
 	}
+	e.scoresInPlace = e.zeroCopy && !opts.CopyScores
 	e.exes = make([]*pjrt.LoadedExecutable, len(e.buckets))
 	e.outBuf = make([]byte, e.MaxBucket()*4)
 
-	if err := e.uploadParams(bundle); err != nil {
+	if err := e.uploadParams(bundle, prog, e.zeroCopy && !opts.CopyWeights); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -151,22 +170,40 @@ func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Opt
 	return e, nil
 }
 
-func (e *Executor) uploadParams(bundle *model.Bundle) error {
-	specs := e.cfg.DenseParams()
-	e.params = make([]*pjrt.Buffer, len(specs))
+func (e *Executor) uploadParams(bundle *model.Bundle, prog dcn.Options, inPlace bool) error {
+	want := make(map[string]int64)
+	for _, s := range e.cfg.DenseParams() {
+		want[s.Name] = s.Elements()
+	}
+	specs := dcn.Params(e.cfg, prog)
+	values := make([][]float32, len(specs))
 	for i, p := range specs {
-		data, err := bundle.Tensor(p.Name)
+		data, err := bundle.Tensor(p.Tensor)
 		if err != nil {
 			return fmt.Errorf("executor: %w", err)
 		}
-		if int64(len(data)) != p.Elements() {
-			return fmt.Errorf("executor: tensor %s has %d values, want %d", p.Name, len(data), p.Elements())
+		if int64(len(data)) != want[p.Tensor] {
+			return fmt.Errorf("executor: tensor %s has %d values, want %d", p.Tensor, len(data), want[p.Tensor])
 		}
-		buf, err := e.rt.Client.BufferFromHost().FromFlatDataWithDimensions(data, p.Shape).Done()
+		if values[i], err = p.Slice(data); err != nil {
+			return fmt.Errorf("executor: %w", err)
+		}
+	}
+	if inPlace {
+		w, bufs, err := mapWeights(e.rt.Client, specs, values)
 		if err != nil {
-			return fmt.Errorf("executor: upload %s: %w", p.Name, err)
+			return err
 		}
-		e.params[i] = buf
+		e.weights, e.params = w, bufs
+	} else {
+		e.params = make([]*pjrt.Buffer, len(specs))
+		for i, p := range specs {
+			buf, err := e.rt.Client.BufferFromHost().FromFlatDataWithDimensions(values[i], p.Shape).Done()
+			if err != nil {
+				return fmt.Errorf("executor: upload %s: %w", p.Name, err)
+			}
+			e.params[i] = buf
+		}
 	}
 	e.args = make([]*pjrt.Buffer, dcn.ArgParams+len(e.params))
 	copy(e.args[dcn.ArgParams:], e.params)
@@ -247,6 +284,8 @@ func (e *Executor) Run(in *Inputs, n int, scores []float32) error {
 		defer pooled.Destroy()
 	}
 	e.args[dcn.ArgDense], e.args[dcn.ArgPooled] = dense, pooled
+	// Done returns once the execution has finished (it awaits the
+	// device's completion event).
 	outs, err := e.exes[idx].Execute(e.args...).DonateNone().Done()
 	e.args[dcn.ArgDense], e.args[dcn.ArgPooled] = nil, nil
 	if err != nil {
@@ -259,6 +298,14 @@ func (e *Executor) Run(in *Inputs, n int, scores []float32) error {
 	}()
 	if len(outs) != 1 {
 		return fmt.Errorf("executor: bucket %d returned %d outputs, want 1", bucket, len(outs))
+	}
+	if e.scoresInPlace {
+		p, err := outs[0].UnsafePointer()
+		if err != nil {
+			return fmt.Errorf("executor: scores of bucket %d: %w", bucket, err)
+		}
+		copy(scores[:n], unsafe.Slice((*float32)(p), n))
+		return nil
 	}
 	if err := outs[0].ToHost(e.outBuf[:bucket*4]); err != nil {
 		return fmt.Errorf("executor: read scores of bucket %d: %w", bucket, err)
@@ -283,6 +330,8 @@ func (e *Executor) Close() {
 		}
 	}
 	e.params = nil
+	e.weights.unmap()
+	e.weights = nil
 }
 
 // dtype of every tensor of the program.

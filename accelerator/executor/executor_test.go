@@ -2,10 +2,12 @@ package executor_test
 
 import (
 	"context"
+	"math"
 	"os"
 	"sync"
 	"testing"
 
+	"github.com/recmesh/recmesh/accelerator/dcn"
 	"github.com/recmesh/recmesh/accelerator/device"
 	"github.com/recmesh/recmesh/accelerator/executor"
 	"github.com/recmesh/recmesh/accelerator/parity"
@@ -193,4 +195,170 @@ func TestMain(m *testing.M) {
 		shared.bundle.Close()
 	}
 	os.Exit(code)
+}
+
+// TestOtherShapes compiles dense networks other than MLPerf's (the
+// hostbound preset, which has no cross layers, and one with a deeper bottom
+// MLP and two rank-3 cross layers) and checks a few buckets against the
+// reference: the program takes every width from the bundle's config.
+func TestOtherShapes(t *testing.T) {
+	if _, err := device.FindPlugin(""); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI needs the PJRT plugin: %v", err)
+		}
+		t.Skipf("no PJRT plugin (run make deps): %v", err)
+	}
+	hostbound, err := model.Preset(model.PresetHostbound, model.DevVocabCap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := model.DLRMv2(model.DevVocabCap)
+	small.Name, small.CrossLayers, small.CrossRank = "small", 2, 3
+	small.BottomMLP, small.TopMLP = []int{32, 64, 128}, []int{16, 1}
+	rt, err := device.Open("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	for _, cfg := range []model.Config{hostbound, small} {
+		dir := t.TempDir()
+		if err := model.Export(context.Background(), dir, cfg, 4, nil); err != nil {
+			t.Fatal(err)
+		}
+		bundle, err := model.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bundle.Close()
+		ref, err := model.NewReference(bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ex, err := executor.New(context.Background(), rt, bundle, executor.Options{MaxBatch: 16})
+		if err != nil {
+			t.Fatalf("%s: %v", cfg.Name, err)
+		}
+		defer ex.Close()
+		in, err := ex.NewHostInputs(ex.MaxBucket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer in.Close()
+		for _, n := range []int{1, 5, 16} {
+			res, err := parity.Bucket(ex, ref, in, n, uint64(n))
+			if err != nil {
+				t.Fatalf("%s n=%d: %v", cfg.Name, n, err)
+			}
+			if res.MaxAbsDiff > 1e-4 {
+				t.Errorf("%s n=%d: max|Δ| = %g > 1e-4", cfg.Name, n, res.MaxAbsDiff)
+			}
+		}
+	}
+}
+
+// TestFormulationsAgree runs the default program (split first product) and
+// the plain one (the model's math op for op), each with the CPU plugin's
+// in-place paths (weights in the executor's huge-page mapping, scores read
+// from the output buffer) and with the plain ones (weights uploaded, scores
+// copied out with ToHostBuffer), on the same inputs: the programs may
+// differ only by float32 rounding, and the in-place paths must give exactly
+// what the copies give.
+func TestFormulationsAgree(t *testing.T) {
+	if _, err := device.FindPlugin(""); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI needs the PJRT plugin: %v", err)
+		}
+		t.Skipf("no PJRT plugin (run make deps): %v", err)
+	}
+	hostbound, err := model.Preset(model.PresetHostbound, model.DevVocabCap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := device.Open("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	plain, def := dcn.PlainOptions(), dcn.DefaultOptions()
+	for _, cfg := range []model.Config{model.DLRMv2(model.DevVocabCap), hostbound} {
+		dir := t.TempDir()
+		if err := model.Export(context.Background(), dir, cfg, 5, nil); err != nil {
+			t.Fatal(err)
+		}
+		bundle, err := model.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bundle.Close()
+		ref, err := model.NewReference(bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		variants := []struct {
+			name string
+			opts executor.Options
+		}{
+			{"plain+copy", executor.Options{MaxBatch: 128, Program: &plain, CopyScores: true, CopyWeights: true}},
+			{"plain", executor.Options{MaxBatch: 128, Program: &plain}},
+			{"default+copy", executor.Options{MaxBatch: 128, Program: &def, CopyScores: true, CopyWeights: true}},
+			{"default", executor.Options{MaxBatch: 128, Program: &def}},
+		}
+		const n = 128
+		dense, sparse := model.RandomInputs(cfg, 11, n)
+		scores := make([][]float32, len(variants))
+		for i, v := range variants {
+			ex, err := executor.New(context.Background(), rt, bundle, v.opts)
+			if err != nil {
+				t.Fatalf("%s %s: %v", cfg.Name, v.name, err)
+			}
+			defer ex.Close()
+			in, err := ex.NewHostInputs(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			copy(in.Dense(), dense)
+			if err := ref.Pool(sparse, n, in.Pooled()); err != nil {
+				t.Fatal(err)
+			}
+			scores[i] = make([]float32, n)
+			if err := ex.Run(in, n, scores[i]); err != nil {
+				t.Fatalf("%s %s bucket %d: %v", cfg.Name, v.name, n, err)
+			}
+			// Smaller buckets hold the first rows: same math, other shapes.
+			for _, b := range []int{1, 16} {
+				out := make([]float32, b)
+				if err := ex.Run(in, b, out); err != nil {
+					t.Fatalf("%s %s bucket %d: %v", cfg.Name, v.name, b, err)
+				}
+				for r := range out {
+					if d := math.Abs(float64(out[r] - scores[i][r])); d > 1e-6 {
+						t.Errorf("%s %s: row %d scores %v in bucket %d, %g away from bucket %d", cfg.Name, v.name, r, out[r], b, d, n)
+					}
+				}
+			}
+			res, err := parity.Bucket(ex, ref, in, n, 21)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.MaxAbsDiff > 1e-4 {
+				t.Errorf("%s %s: max|Δ| to the reference %g > 1e-4", cfg.Name, v.name, res.MaxAbsDiff)
+			}
+		}
+		for i := range variants {
+			maxDiff := 0.0
+			for r := range scores[i] {
+				maxDiff = math.Max(maxDiff, math.Abs(float64(scores[i][r]-scores[0][r])))
+			}
+			if maxDiff > 1e-6 {
+				t.Errorf("%s: %s differs from %s by %g", cfg.Name, variants[i].name, variants[0].name, maxDiff)
+			}
+		}
+		for r := range scores[0] {
+			if scores[0][r] != scores[1][r] || scores[2][r] != scores[3][r] {
+				t.Fatalf("%s row %d: scores read in place differ from copied ones: plain %v/%v default %v/%v",
+					cfg.Name, r, scores[1][r], scores[0][r], scores[3][r], scores[2][r])
+			}
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/recmesh/recmesh/accelerator/dcn"
 	"github.com/recmesh/recmesh/accelerator/device"
 	"github.com/recmesh/recmesh/accelerator/executor"
 	"github.com/recmesh/recmesh/model"
@@ -15,15 +16,21 @@ import (
 
 // commonFlags are shared by every subcommand that loads the model.
 type commonFlags struct {
-	bundle   string
-	plugin   string
-	maxBatch int
+	bundle     string
+	plugin     string
+	maxBatch   int
+	xlaThreads int
+	program    string
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "model bundle directory")
 	fs.StringVar(&c.plugin, "pjrt-plugin", "", "PJRT plugin .so path or name; default: PJRT_PLUGIN_LIBRARY_PATH, then .deps/pjrt")
 	fs.IntVar(&c.maxBatch, "max-batch", executor.DefaultMaxBatch, "largest batch bucket")
+	fs.StringVar(&c.program, "program", "default", "StableHLO formulation: default, or plain (the model's math\n"+
+		"transcribed op for op, the yardstick of the default one)")
+	fs.IntVar(&c.xlaThreads, "xla-threads", 0, "threads of the CPU plugin's XLA pools; 0: the usable cores\n"+
+		"(affinity mask capped by the cgroup CPU quota), or PJRT_NPROC/NPROC when set")
 	fs.Usage = func() { flagenv.Usage(fs) }
 }
 
@@ -42,6 +49,12 @@ func (c *commonFlags) parse(fs *flag.FlagSet, args []string) error {
 func (c *commonFlags) validate() error {
 	if c.maxBatch < 1 || c.maxBatch > 1<<16 {
 		return fmt.Errorf("--max-batch %d: want 1..65536", c.maxBatch)
+	}
+	if c.xlaThreads < 0 || c.xlaThreads > 1024 {
+		return fmt.Errorf("--xla-threads %d: want 0 (the usable cores) or 1..1024", c.xlaThreads)
+	}
+	if _, err := c.programOptions(); err != nil {
+		return err
 	}
 	if c.bundle == "" {
 		return fmt.Errorf("--bundle is empty: give a bundle directory (make run exports data/dlrm-cap1000)")
@@ -62,18 +75,42 @@ func load(ctx context.Context, c commonFlags, log *slog.Logger) (*loaded, error)
 	if err != nil {
 		return nil, err
 	}
-	rt, err := device.Open(c.plugin, log)
+	rt, err := c.openDevice(log)
 	if err != nil {
 		bundle.Close()
 		return nil, err
 	}
-	ex, err := executor.New(ctx, rt, bundle, executor.Options{MaxBatch: c.maxBatch, Log: log})
+	ex, err := executor.New(ctx, rt, bundle, c.executorOptions(log))
 	if err != nil {
 		rt.Close()
 		bundle.Close()
 		return nil, err
 	}
 	return &loaded{ex: ex, rt: rt, bundle: bundle}, nil
+}
+
+// programOptions are the dcn options --program names.
+func (c commonFlags) programOptions() (*dcn.Options, error) {
+	switch c.program {
+	case "", "default":
+		o := dcn.DefaultOptions()
+		return &o, nil
+	case "plain":
+		o := dcn.PlainOptions()
+		return &o, nil
+	}
+	return nil, fmt.Errorf("--program %q: want default or plain", c.program)
+}
+
+// executorOptions are the executor options the flags give.
+func (c commonFlags) executorOptions(log *slog.Logger) executor.Options {
+	prog, _ := c.programOptions() // checked by validate
+	return executor.Options{MaxBatch: c.maxBatch, Log: log, Program: prog}
+}
+
+// openDevice loads the plugin with the flags' client options.
+func (c commonFlags) openDevice(log *slog.Logger) (*device.Runtime, error) {
+	return device.OpenWith(c.plugin, log, device.Options{Threads: c.xlaThreads})
 }
 
 func (l *loaded) Close() {

@@ -43,12 +43,12 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer bundle.Close()
-	rt, err := device.Open(c.plugin, tel.Log)
+	rt, err := c.openDevice(tel.Log)
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
-	ex, err := executor.New(ctx, rt, bundle, executor.Options{MaxBatch: c.maxBatch, Log: tel.Log})
+	ex, err := executor.New(ctx, rt, bundle, c.executorOptions(tel.Log))
 	if err != nil {
 		return err
 	}
@@ -79,7 +79,7 @@ func runServe(ctx context.Context, args []string) error {
 		}
 		defer svc.Stop()
 		err = control.Serve(svc, "prepare", control.SubjectPrepare, func(req control.LoadRequest) control.LoadReply {
-			next, err := compile(ctx, req.Bundle, rt, c.maxBatch, tel)
+			next, err := compile(ctx, req.Bundle, rt, c.executorOptions(tel.Log))
 			if err != nil {
 				tel.Log.Error("prepare failed", "bundle", req.Bundle, "err", err)
 				return control.LoadReply{Error: err.Error()}
@@ -97,11 +97,11 @@ func runServe(ctx context.Context, args []string) error {
 
 // compile builds the executor for the bundle at dir; the bundle is only
 // needed while the weights upload.
-func compile(ctx context.Context, dir string, rt *device.Runtime, maxBatch int, tel *telemetry.Telemetry) (*executor.Executor, error) {
+func compile(ctx context.Context, dir string, rt *device.Runtime, opts executor.Options) (*executor.Executor, error) {
 	b, err := model.Open(dir)
 	if err != nil {
 		return nil, err
 	}
 	defer b.Close()
-	return executor.New(ctx, rt, b, executor.Options{MaxBatch: maxBatch, Log: tel.Log})
+	return executor.New(ctx, rt, b, opts)
 }

@@ -1,0 +1,132 @@
+"""`make bench-model`: recmesh's compiled DCNv2 against JAX's, per bucket,
+on one core.
+
+Every round runs, one after the other and each pinned to the same core
+(taskset -c CPU):
+
+  1. `accelerator bench` (recmesh's StableHLO program on the PJRT plugin),
+  2. jaxbench.py --backend plugin (JAX's program on the same plugin, its
+     client configured as the accelerator configures its own: the
+     cpu_device_count and PJRT_NPROC it reports),
+  3. jaxbench.py --backend builtin (JAX's program on jaxlib's CPU backend),
+
+so that a slow spell of a shared machine hits every arm alike. Rounds
+interleave the arms; the printed figure is the median over rounds, with the
+range beside it. The last lines are
+
+  model: bucket=<b> examples_per_s=<x> jax_examples_per_s=<y> ratio=<x/y> jax_builtin_examples_per_s=<z> ...
+
+Usage (the Makefile fills these in):
+
+  python benchmodel.py --accelerator bin/accelerator --bundle data/dlrm-cap1000 \
+      --cpu 0 --buckets 1,16,128 --rounds 3 --duration 1
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIELD = re.compile(r"(\w+)=(\"[^\"]*\"|\S+)")
+
+
+def fields(line):
+    return {k: v.strip('"') for k, v in FIELD.findall(line)}
+
+
+def run(cmd, env=None, echo=False):
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr[-4000:])
+        raise SystemExit(f"bench-model: {' '.join(cmd)} exited {p.returncode}")
+    if echo:
+        for line in p.stdout.splitlines():
+            if not re.match(r"model: bucket=", line):
+                print(line, flush=True)
+    return p.stdout
+
+
+def per_bucket(out, prefix):
+    """{bucket: examples_per_s} from the lines of out starting with prefix
+    that have a bucket."""
+    got = {}
+    for line in out.splitlines():
+        if line.startswith(prefix) and "bucket=" in line:
+            f = fields(line)
+            got[int(f["bucket"])] = float(f["examples_per_s"])
+    return got
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--accelerator", required=True, help="the accelerator binary")
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--cpu", default="0", help="the core (taskset -c list) every arm runs on")
+    ap.add_argument("--buckets", default="1,16,128")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=1.0, help="seconds per bucket per arm per round")
+    ap.add_argument("--plugin", default=os.environ.get("RECMESH_PJRT_PLUGIN", ""))
+    ap.add_argument("--python", default=sys.executable, help="the Python with jax (the bench venv)")
+    ap.add_argument("--jax-default-client", action="store_true",
+                    help="also time JAX's program on the plugin with JAX's default client "
+                         "options (the plugin's 4 CPU devices), as jax_default_examples_per_s")
+    args = ap.parse_args(argv)
+    buckets = [int(b) for b in args.buckets.split(",")]
+    if not args.plugin:
+        ap.error("--plugin or RECMESH_PJRT_PLUGIN is required")
+    pin = ["taskset", "-c", args.cpu]
+    jaxbench = [args.python, os.path.join(HERE, "jaxbench.py"), "--bundle", args.bundle,
+                "--buckets", args.buckets, "--duration", str(args.duration), "--plugin", args.plugin]
+
+    arms = {"pjrt": [], "jax": [], "builtin": [], "jax_default": []}
+    for r in range(args.rounds):
+        out = run(pin + [args.accelerator, "bench", "--bundle", args.bundle, "--buckets", args.buckets,
+                         "--duration", f"{args.duration}s"], echo=(r == 0))
+        header = {}
+        for line in out.splitlines():
+            if line.startswith("model: ") and "bucket=" not in line:
+                header.update(fields(line))
+        arms["pjrt"].append(per_bucket(out, "model: "))
+        # JAX's client on the plugin gets the settings the accelerator gave
+        # its own, so the ratio compares programs, not thread pools.
+        env = dict(os.environ)
+        opts = []
+        if header.get("xla_threads"):
+            env["PJRT_NPROC"] = header["xla_threads"]
+        if header.get("cpu_device_count"):
+            opts = ["--plugin-option", "cpu_device_count=" + header["cpu_device_count"]]
+        out = run(pin + jaxbench + ["--backend", "plugin"] + opts, env=env, echo=(r == 0))
+        arms["jax"].append(per_bucket(out, "jax: "))
+        out = run(pin + jaxbench + ["--backend", "builtin"], echo=(r == 0))
+        arms["builtin"].append(per_bucket(out, "jax: "))
+        if args.jax_default_client:
+            out = run(pin + jaxbench + ["--backend", "plugin"])
+            arms["jax_default"].append(per_bucket(out, "jax: "))
+        print(f"model: round={r + 1}/{args.rounds} " + " ".join(
+            f"b{b}={arms['pjrt'][-1][b]:.0f}/{arms['jax'][-1][b]:.0f}/{arms['builtin'][-1][b]:.0f}" for b in buckets)
+            + " (pjrt/jax/jax_builtin examples/s)", flush=True)
+
+    def med(arm, b):
+        return statistics.median(run_[b] for run_ in arms[arm])
+
+    def rng(arm, b):
+        v = [run_[b] for run_ in arms[arm]]
+        return f"{min(v):.0f}-{max(v):.0f}"
+
+    for b in buckets:
+        x, y, z = med("pjrt", b), med("jax", b), med("builtin", b)
+        line = (f"model: bucket={b} examples_per_s={x:.0f} jax_examples_per_s={y:.0f} ratio={x / y:.2f} "
+                f"jax_builtin_examples_per_s={z:.0f} builtin_ratio={x / z:.2f} "
+                f"range={rng('pjrt', b)} jax_range={rng('jax', b)} jax_builtin_range={rng('builtin', b)} "
+                f"rounds={args.rounds}")
+        if arms["jax_default"]:
+            line += f" jax_default_examples_per_s={med('jax_default', b):.0f}"
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
