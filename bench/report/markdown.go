@@ -64,13 +64,16 @@ func writeWorkload(b *strings.Builder, h string, r *Run, charts []string) {
 		batches = Batches(pts)
 	}
 
-	fmt.Fprintf(b, "DLRM-DCNv2 over the Open Inference Protocol v2, recmesh against the Python baselines, "+
+	fmt.Fprintf(b, "Workload `%s`: DLRM-DCNv2 over the Open Inference Protocol v2, recmesh against the Python designs, "+
 		"after `shared/reference/published-dlrm-benchmark.md`. Run %s → %s on `%s` (bundle `%s`).\n\n",
-		r.StartedAt.Format("2006-01-02 15:04:05Z07:00"), r.FinishedAt.Format("15:04:05Z07:00"), r.Env.Host, filepath.Base(r.Env.Bundle))
+		orDash(r.Workload), r.StartedAt.Format("2006-01-02 15:04:05Z07:00"), r.FinishedAt.Format("15:04:05Z07:00"), r.Env.Host, filepath.Base(r.Env.Bundle))
 	fmt.Fprintf(b, "Throughput is examples/s (requests/s × B_req), medians of %d repeat(s) of a %gs window after %gs of discarded warm-up; "+
 		"latency is client-observed p50/p99 in ms. A point counts under a budget only when every repeat had zero errors. "+
 		"Closed loop over a fixed pool of %d persistent gRPC connections per arm; open loop is Poisson arrivals at %s of each arm's own closed-loop peak.\n\n",
 		r.Sweep.Repeats, r.Sweep.DurationS, r.Sweep.WarmupS, r.Sweep.Connections, fracList(r.Sweep.OpenFractions))
+	if r.DenseCost != nil {
+		writeDenseCost(b, r.DenseCost)
+	}
 
 	// Headline.
 	fmt.Fprintf(b, h+" Throughput under p99 ≤ %d ms\n\n", HeadlineBudgetMs)

@@ -109,7 +109,6 @@ func SuiteMarkdown(runs []*Run, charts map[string][]string) string {
 	}
 	for _, r := range runs {
 		fmt.Fprintf(&b, "## Workload `%s`\n\n", r.Workload)
-		writeDenseCost(&b, r.DenseCost)
 		writeWorkload(&b, "###", r, charts[r.Workload])
 	}
 	return b.String()
@@ -146,7 +145,7 @@ func denseCostCell(c *DenseCost, b int) string {
 }
 
 func writeDenseCost(b *strings.Builder, c *DenseCost) {
-	if c == nil || len(c.Buckets) == 0 {
+	if len(c.Buckets) == 0 {
 		b.WriteString("Dense network vs lookups: not measured.\n\n")
 		return
 	}
