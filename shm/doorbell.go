@@ -46,7 +46,7 @@ func newDoorbell(mem []byte, off int) *Doorbell {
 // from the CPUs it may use (SpinFor): the affinity mask and cgroup quota do
 // not change under a running mesh process, and reading them per doorbell
 // would cost a syscall per lane.
-var processSpin = sync.OnceValue(func() time.Duration { return SpinFor(UsableCPUs()) })
+var processSpin = sync.OnceValue(func() time.Duration { return SpinFor(UsableCPUs().Usable) })
 
 // SetSpin sets how long Wait spins before it sleeps (0: sleep at once).
 func (d *Doorbell) SetSpin(spin time.Duration) { d.spin.Store(int64(spin)) }
