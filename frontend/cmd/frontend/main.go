@@ -96,6 +96,7 @@ var envTwins = map[string]string{
 	"reference-delay": "RECMESH_FRONTEND_REFERENCE_DELAY",
 	"drain-delay":     "RECMESH_FRONTEND_DRAIN_DELAY",
 	"drain-timeout":   "RECMESH_FRONTEND_DRAIN_TIMEOUT",
+	"latency-target":  "RECMESH_LATENCY_TARGET",
 	"log-level":       "RECMESH_LOG_LEVEL",
 }
 
