@@ -6,10 +6,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -243,7 +245,10 @@ func (c *cluster) waitServing(timeout time.Duration) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
-		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
+		// The health check reaches one frontend of the SO_REUSEPORT group;
+		// a call may reach another that has not yet seen the accelerator.
+		// So the mesh serves only once every frontend says it is ready.
+		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING && c.frontendsReady() {
 			return
 		}
 		for _, p := range c.procs {
@@ -257,6 +262,26 @@ func (c *cluster) waitServing(timeout time.Duration) {
 	}
 	c.dump()
 	c.t.Fatalf("mesh not serving after %v", timeout)
+}
+
+// frontendsReady reports whether every running frontend answers /readyz
+// with 200 on its own metrics address.
+func (c *cluster) frontendsReady() bool {
+	client := &http.Client{Timeout: time.Second}
+	for name := range c.procs {
+		if !strings.HasPrefix(name, "frontend") {
+			continue
+		}
+		resp, err := client.Get("http://" + c.metrics[name] + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *cluster) kill(name string, sig syscall.Signal) {
