@@ -49,14 +49,15 @@ var errDrained = errors.New("embedder: generation drained")
 
 func (e *Embedder) newDispatcher(g *generation, jobs chan job) (*dispatcher, error) {
 	seg := g.seg
+	bopts := batch.Options{Mode: e.opts.Mode, MaxBatch: e.opts.MaxBatch, MaxEntries: e.opts.MaxBatch,
+		Window: e.opts.Window, LatencyTarget: e.opts.LatencyTarget}
 	d := &dispatcher{
 		e:       e,
 		g:       g,
 		cfg:     g.store.Config,
 		seg:     seg,
 		bw:      seg.BatchWriter(),
-		batcher: batch.New(batch.Options{Mode: e.opts.Mode, MaxBatch: e.opts.MaxBatch, MaxEntries: e.opts.MaxBatch,
-			Window: e.opts.Window, LatencyTarget: e.opts.LatencyTarget}, &batch.Costs{}),
+		batcher: batch.New(bopts, &batch.Costs{}),
 		jobs:    jobs,
 		tracer:  newTracer(e.opts.Tracer),
 	}
@@ -104,7 +105,9 @@ func (d *dispatcher) batchFor(st *shm.Staging) *openBatch {
 func (d *dispatcher) idle() bool { return d.seg.CompletedSeq() >= d.seg.PublishedSeq() }
 
 // zeroWait reports whether the mode seals on the device going idle.
-func (d *dispatcher) zeroWait() bool { return d.e.opts.Mode == batch.Model || d.e.opts.Mode == batch.SLO }
+func (d *dispatcher) zeroWait() bool {
+	return d.e.opts.Mode == batch.Model || d.e.opts.Mode == batch.SLO
+}
 
 // wake is the embedder doorbell's condition.
 func (d *dispatcher) wake() bool {
@@ -158,7 +161,7 @@ func (d *dispatcher) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if d.open != nil && d.batcher.ShouldSeal(time.Now(), d.deviceIdle(time.Now())) {
+		if now := time.Now(); d.open != nil && d.batcher.ShouldSeal(now, d.deviceIdle(now)) {
 			if err := d.seal(); err != nil {
 				return err
 			}

@@ -492,8 +492,11 @@ func (w *worker) run(j job) {
 	copy(j.b.dense[j.row*cfg.NumDense:(j.row+j.n)*cfg.NumDense], dsrc)
 	took := time.Since(start)
 	w.e.m.lookup.Observe(took.Seconds())
-	w.e.lookupNanos.Add(int64(took))
-	w.e.lookupExamples.Add(int64(j.n))
+	if w.e.opts.Mode == batch.SLO {
+		// Shared by every worker: only the mode that predicts pays for it.
+		w.e.lookupNanos.Add(int64(took))
+		w.e.lookupExamples.Add(int64(j.n))
+	}
 }
 
 // Close releases the tables if Run was never called.

@@ -1,7 +1,8 @@
 """JAX's DLRM-DCNv2 dense network, timed per bucket: the yardstick of
 `accelerator bench` (see benchmodel.py, which `make bench-model` runs).
 
-The math is model/reference.go's and bench/python/dlrm.py's: bottom MLP with
+The math is model/reference.go's, and the program bench/python/dlrm.py's
+(imported from there, as the Python arms run it): bottom MLP with
 ReLU after every layer; x0 = concat(bottom output, the pooled vectors
 flattened); cross layers x_{l+1} = x0 * ((x_l @ V_l) @ U_l + b_l) + x_l; top
 MLP with ReLU after every layer but the last; sigmoid. Every width comes
@@ -28,85 +29,18 @@ with the bench venv's Python (.deps/bench-venv/bin/python).
 """
 
 import argparse
-import json
 import os
-import struct
 import sys
 import time
 
 import numpy as np
 
+# The bundle reader and the forward pass are the Python arms' own
+# (bench/python/dlrm.py), so the yardstick is exactly the program they run.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "python"))
+from dlrm import dense_params, is_table, make_forward, read_bundle  # noqa: E402
+
 PLUGIN_NAME = "recmesh_pjrt"
-
-
-def read_dense_params(bundle):
-    """Returns (config dict, {name: float32 ndarray}) for every tensor of
-    model.safetensors that is not an embedding table."""
-    with open(os.path.join(bundle, "config.json")) as f:
-        config = json.load(f)
-    path = os.path.join(bundle, "model.safetensors")
-    tensors = {}
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        start = 8 + n
-        for name, info in header.items():
-            if name == "__metadata__" or name.startswith("embedding."):
-                continue
-            if info["dtype"] != "F32":
-                raise ValueError(f"{path}: {name} has dtype {info['dtype']}, want F32")
-            begin, end = info["data_offsets"]
-            f.seek(start + begin)
-            arr = np.frombuffer(f.read(end - begin), dtype="<f4").reshape(info["shape"])
-            tensors[name] = arr.astype(np.float32, copy=True)
-    return config, tensors
-
-
-def params_of(config, tensors):
-    """The weights as the nested lists forward() takes, shapes checked."""
-    def get(name, shape):
-        t = tensors.get(name)
-        if t is None:
-            raise ValueError(f"model.safetensors has no tensor {name}")
-        if tuple(t.shape) != tuple(shape):
-            raise ValueError(f"tensor {name} has shape {t.shape}, config.json gives {shape}")
-        return t
-
-    bottom, width = [], config["num_dense"]
-    for i, out in enumerate(config["bottom_mlp"]):
-        bottom.append((get(f"bottom_mlp.{i}.kernel", (width, out)), get(f"bottom_mlp.{i}.bias", (out,))))
-        width = out
-    width += len(config["vocab_sizes"]) * config["embedding_dim"]
-    rank = config["cross_rank"]
-    cross = [(get(f"cross.{i}.v", (width, rank)), get(f"cross.{i}.u", (rank, width)), get(f"cross.{i}.bias", (width,)))
-             for i in range(config["cross_layers"])]
-    top = []
-    for i, out in enumerate(config["top_mlp"]):
-        top.append((get(f"top_mlp.{i}.kernel", (width, out)), get(f"top_mlp.{i}.bias", (out,))))
-        width = out
-    return {"bottom": bottom, "cross": cross, "top": top}
-
-
-def make_forward(jax, jnp):
-    hi = jax.lax.Precision.HIGHEST
-
-    def forward(params, dense, pooled):
-        x = dense
-        for w, b in params["bottom"]:
-            x = jax.nn.relu(jnp.dot(x, w, precision=hi) + b)
-        x0 = jnp.concatenate([x, pooled.reshape(pooled.shape[0], -1)], axis=1)
-        xl = x0
-        for v, u, b in params["cross"]:
-            xl = x0 * (jnp.dot(jnp.dot(xl, v, precision=hi), u, precision=hi) + b) + xl
-        y = xl
-        last = len(params["top"]) - 1
-        for i, (w, b) in enumerate(params["top"]):
-            y = jnp.dot(y, w, precision=hi) + b
-            if i < last:
-                y = jax.nn.relu(y)
-        return jax.nn.sigmoid(y[:, 0])
-
-    return forward
 
 
 def main(argv=None):
@@ -145,8 +79,8 @@ def main(argv=None):
     else:
         device = jax.devices("cpu")[0]
 
-    config, tensors = read_dense_params(args.bundle)
-    params = jax.device_put(params_of(config, tensors), device)
+    config, tensors = read_bundle(args.bundle, want=lambda name: not is_table(name))
+    params = jax.device_put(dense_params(config, tensors), device)
     forward = jax.jit(make_forward(jax, jnp))
     tables, dim, num_dense = len(config["vocab_sizes"]), config["embedding_dim"], config["num_dense"]
     print(f"jax: backend={args.backend} platform={device.platform} device={device.device_kind!r} "

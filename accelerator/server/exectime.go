@@ -24,6 +24,12 @@ const (
 	// first that would take longer are left to the online estimate (and
 	// the embedder scales from smaller buckets until then).
 	calibrationBudget = time.Second
+
+	// execRefresh is how many runs of a bucket pass between recomputing its
+	// quantile: sorting the window after every run would put a sort on
+	// every batch of the serving loop, and the estimate need not move
+	// faster than this.
+	execRefresh = 8
 )
 
 // execTimes keeps, per bucket, a ring of recent execution times and their
@@ -32,19 +38,24 @@ type execTimes struct {
 	buckets []int
 	runs    [][]time.Duration // ring per bucket index
 	next    []int
+	seen    []int           // runs observed per bucket index
+	cached  []time.Duration // the last computed estimate per bucket index
 	scratch []time.Duration
 }
 
 func newExecTimes(buckets []int) *execTimes {
-	t := &execTimes{buckets: buckets, runs: make([][]time.Duration, len(buckets)), next: make([]int, len(buckets)),
-		scratch: make([]time.Duration, 0, execWindow)}
+	n := len(buckets)
+	t := &execTimes{buckets: buckets, runs: make([][]time.Duration, n), next: make([]int, n),
+		seen: make([]int, n), cached: make([]time.Duration, n), scratch: make([]time.Duration, 0, execWindow)}
 	for i := range t.runs {
 		t.runs[i] = make([]time.Duration, 0, execWindow)
 	}
 	return t
 }
 
-// observe records one run of bucket index i and returns the new estimate.
+// observe records one run of bucket index i and returns its estimate,
+// recomputed for each of the first execRefresh runs and then every
+// execRefresh runs.
 func (t *execTimes) observe(i int, d time.Duration) time.Duration {
 	if len(t.runs[i]) < execWindow {
 		t.runs[i] = append(t.runs[i], d)
@@ -52,11 +63,18 @@ func (t *execTimes) observe(i int, d time.Duration) time.Duration {
 		t.runs[i][t.next[i]] = d
 		t.next[i] = (t.next[i] + 1) % execWindow
 	}
-	return t.estimate(i)
+	t.seen[i]++
+	if t.seen[i] <= execRefresh || t.seen[i]%execRefresh == 0 {
+		t.cached[i] = t.quantile(i)
+	}
+	return t.cached[i]
 }
 
-// estimate is the execQuantile of bucket index i's recent runs (0: none).
-func (t *execTimes) estimate(i int) time.Duration {
+// estimate is bucket index i's current estimate (0: no run yet).
+func (t *execTimes) estimate(i int) time.Duration { return t.cached[i] }
+
+// quantile is the execQuantile of bucket index i's recent runs.
+func (t *execTimes) quantile(i int) time.Duration {
 	r := t.runs[i]
 	if len(r) == 0 {
 		return 0

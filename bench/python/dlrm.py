@@ -148,6 +148,47 @@ def check_dense_shapes(config, tensors):
             raise ValueError(f"tensor {name} has shape {tensors[name].shape}, config.json gives {shape}")
 
 
+def dense_params(config, tensors):
+    """The dense weights as forward() takes them (NumPy arrays, shapes
+    checked against config.json): {"bottom": [(w, b)], "cross": [(v, u,
+    b)], "top": [(w, b)]}."""
+    check_dense_shapes(config, tensors)
+
+    def layers(prefix, count):
+        return [(tensors[f"{prefix}.{i}.kernel"], tensors[f"{prefix}.{i}.bias"]) for i in range(count)]
+
+    return {
+        "bottom": layers("bottom_mlp", len(config["bottom_mlp"])),
+        "cross": [(tensors[f"cross.{i}.v"], tensors[f"cross.{i}.u"], tensors[f"cross.{i}.bias"])
+                  for i in range(config["cross_layers"])],
+        "top": layers("top_mlp", len(config["top_mlp"])),
+    }
+
+
+def make_forward(jax, jnp):
+    """The DCNv2 forward pass over dense_params, for jax.jit: scores for
+    dense (B, 13) and pooled (B, 26, 128)."""
+    hi = jax.lax.Precision.HIGHEST
+
+    def forward(params, dense, pooled):
+        x = dense
+        for w, b in params["bottom"]:
+            x = jax.nn.relu(jnp.dot(x, w, precision=hi) + b)
+        x0 = jnp.concatenate([x, pooled.reshape(pooled.shape[0], -1)], axis=1)
+        xl = x0
+        for v, u, b in params["cross"]:
+            xl = x0 * (jnp.dot(jnp.dot(xl, v, precision=hi), u, precision=hi) + b) + xl
+        y = xl
+        last = len(params["top"]) - 1
+        for i, (w, b) in enumerate(params["top"]):
+            y = jnp.dot(y, w, precision=hi) + b
+            if i < last:
+                y = jax.nn.relu(y)
+        return jax.nn.sigmoid(y[:, 0])
+
+    return forward
+
+
 class DenseNetwork:
     """The DCNv2 dense network under jax.jit, one executable per bucket."""
 
@@ -155,39 +196,10 @@ class DenseNetwork:
         import jax
         import jax.numpy as jnp
 
-        check_dense_shapes(config, tensors)
-
-        def dense_layers(prefix, count):
-            return [(jnp.asarray(tensors[f"{prefix}.{i}.kernel"]), jnp.asarray(tensors[f"{prefix}.{i}.bias"]))
-                    for i in range(count)]
-
         # The weights are arguments of the jitted function, not closure
         # constants, so one copy serves every bucket's executable.
-        self.params = {
-            "bottom": dense_layers("bottom_mlp", len(config["bottom_mlp"])),
-            "cross": [(jnp.asarray(tensors[f"cross.{i}.v"]), jnp.asarray(tensors[f"cross.{i}.u"]),
-                       jnp.asarray(tensors[f"cross.{i}.bias"])) for i in range(config["cross_layers"])],
-            "top": dense_layers("top_mlp", len(config["top_mlp"])),
-        }
-        hi = jax.lax.Precision.HIGHEST
-
-        def forward(params, dense, pooled):
-            x = dense
-            for w, b in params["bottom"]:
-                x = jax.nn.relu(jnp.dot(x, w, precision=hi) + b)
-            x0 = jnp.concatenate([x, pooled.reshape(pooled.shape[0], -1)], axis=1)
-            xl = x0
-            for v, u, b in params["cross"]:
-                xl = x0 * (jnp.dot(jnp.dot(xl, v, precision=hi), u, precision=hi) + b) + xl
-            y = xl
-            last = len(params["top"]) - 1
-            for i, (w, b) in enumerate(params["top"]):
-                y = jnp.dot(y, w, precision=hi) + b
-                if i < last:
-                    y = jax.nn.relu(y)
-            return jax.nn.sigmoid(y[:, 0])
-
-        self.forward = jax.jit(forward)
+        self.params = jax.device_put(dense_params(config, tensors))
+        self.forward = jax.jit(make_forward(jax, jnp))
 
     def __call__(self, dense, pooled):
         """Scores for a bucket: dense (bucket, 13), pooled (bucket, 26, 128)."""

@@ -218,10 +218,10 @@ func (l RatioLine) String() string {
 		ratio = fmt.Sprintf("%.3f", l.Ratio)
 	}
 	return fmt.Sprintf("bench-ratio: workload=%s b_req=%d recmesh=%.0f recmesh_arm=%s best_python=%.0f python_arm=%s ratio=%s",
-		orDash(l.Workload), l.B, l.Recmesh, orNone2(l.RecmeshArm), l.Python, orNone2(l.PythonArm), ratio)
+		orDash(l.Workload), l.B, l.Recmesh, armOrNone(l.RecmeshArm), l.Python, armOrNone(l.PythonArm), ratio)
 }
 
-func orNone2(s string) string {
+func armOrNone(s string) string {
 	if s == "" {
 		return "none"
 	}
