@@ -34,8 +34,12 @@ func TestParamsCoverTheBundle(t *testing.T) {
 			}
 		}
 		split := Params(cfg, DefaultOptions())
-		if len(split) != len(specs)+1 {
-			t.Fatalf("%s: split program has %d weights, want %d", cfg.Name, len(split), len(specs)+1)
+		want := len(specs) + 1
+		if cfg.CrossLayers > 0 {
+			want = len(specs) // cross layers keep the plain formulation
+		}
+		if len(split) != want {
+			t.Fatalf("%s: split program has %d weights, want %d", cfg.Name, len(split), want)
 		}
 		first := firstProduct(cfg)
 		covered := map[string]int64{}
@@ -80,7 +84,8 @@ func TestParamSlice(t *testing.T) {
 
 // TestBuild builds every formulation for a few buckets and checks what it
 // must and must not contain: the split one never concatenates x0 when
-// nothing but the first product needs it (no cross layer).
+// nothing but the first product needs it (no cross layer), and with cross
+// layers it is the plain one, weights and all.
 func TestBuild(t *testing.T) {
 	for _, cfg := range configs(t) {
 		for _, opts := range []Options{PlainOptions(), DefaultOptions()} {
@@ -94,6 +99,11 @@ func TestBuild(t *testing.T) {
 				wantConcat := cfg.CrossLayers > 0 || !opts.SplitFirstProduct
 				if concat != wantConcat {
 					t.Errorf("%s split=%v: concatenate in program = %v, want %v", cfg.Name, opts.SplitFirstProduct, concat, wantConcat)
+				}
+				if cfg.CrossLayers > 0 && opts.SplitFirstProduct {
+					if plain, _ := Build(cfg, bucket, PlainOptions()); string(plain) != s {
+						t.Errorf("%s bucket %d: the split program differs from the plain one despite cross layers", cfg.Name, bucket)
+					}
 				}
 				for _, p := range Params(cfg, opts) {
 					if !strings.Contains(s, "%"+strings.ReplaceAll(p.Name, ".", "_")+":") {

@@ -256,11 +256,12 @@ func TestOtherShapes(t *testing.T) {
 	}
 }
 
-// TestFormulationsAgree runs the default program (split first product) and
-// the plain one (the model's math op for op), each with the CPU plugin's
-// in-place paths (weights in the executor's huge-page mapping, scores read
-// from the output buffer) and with the plain ones (weights uploaded, scores
-// copied out with ToHostBuffer), on the same inputs: the programs may
+// TestFormulationsAgree runs the default program (split first product on
+// a network without cross layers) and the plain one (the model's math op
+// for op), each with the CPU plugin's in-place paths (weights in the
+// executor's huge-page mapping, scores read from the output buffer) and
+// with the plain ones (weights uploaded, scores copied out with
+// ToHostBuffer), on the same inputs: the programs may
 // differ only by float32 rounding, and the in-place paths must give exactly
 // what the copies give.
 func TestFormulationsAgree(t *testing.T) {
