@@ -195,6 +195,11 @@ func (d *dispatcher) housekeeping(now time.Time) error {
 	} else if d.accelSeen && !errors.Is(err, shm.ErrNoAccelerator) {
 		return errAcceleratorGone
 	}
+	if d.e.opts.Mode == batch.SLO {
+		// The frontends count the calls they served and those that missed
+		// the target: the margin follows what the plans actually gave.
+		d.e.m.sloMargin.Set(d.batcher.Feedback(d.seg.ServedCalls()).Seconds())
+	}
 	if d.g.replaced.Load() {
 		if d.drainStart.IsZero() {
 			d.drainStart = now
@@ -304,15 +309,22 @@ func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err e
 	case req.Deadline != 0 && now.UnixNano() > req.Deadline:
 		status = shm.StatusExpired
 	}
+	// The frontend stamps when the call reached it, so the time it spent
+	// on the way here counts against the budget; a request without a
+	// stamp is taken as arriving now.
+	arrival, ok := shm.ArrivalTime(req.Arrival, now)
+	if ok {
+		d.e.m.arrivalWait.Observe(now.Sub(arrival).Seconds())
+	} else {
+		arrival = now
+	}
 	if status == shm.StatusOK && d.e.opts.Mode == batch.SLO {
 		d.deviceIdle(now)
 		var deadline time.Time
 		if req.Deadline != 0 {
 			deadline = time.Unix(0, req.Deadline)
 		}
-		// The request arrived no later than now: its wait in the ring is
-		// not known here, and the margin covers it.
-		if !d.batcher.Admit(req.Examples, now, deadline, now) {
+		if !d.batcher.Admit(req.Examples, arrival, deadline, now) {
 			status = shm.StatusOverloaded
 		}
 	}
@@ -320,7 +332,7 @@ func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err e
 	if status != shm.StatusOK {
 		rows = 0
 	}
-	if d.open != nil && !d.batcher.Fits(rows, now) {
+	if d.open != nil && !d.batcher.Fits(rows, arrival, now) {
 		if err := d.seal(); err != nil {
 			return false, err
 		}
@@ -337,7 +349,7 @@ func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err e
 		d.open.entries = d.open.entries[:0]
 	}
 	b := d.open
-	row := d.batcher.Add(rows, now)
+	row := d.batcher.Add(rows, arrival)
 	k := len(b.entries)
 	b.entries = append(b.entries, shm.BatchEntry{Lane: req.Lane, Slot: req.Slot, Epoch: req.Epoch, FirstRow: row, Rows: rows, Status: status})
 	b.status[k].Store(status)

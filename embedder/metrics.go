@@ -9,6 +9,7 @@ import (
 type metrics struct {
 	requests     *prometheus.CounterVec
 	queueWait    prometheus.Histogram
+	arrivalWait  prometheus.Histogram
 	lookup       prometheus.Histogram
 	batch        prometheus.Histogram
 	queueDepth   prometheus.Gauge
@@ -21,6 +22,7 @@ type metrics struct {
 	// recmesh_accelerator_execute_seconds) and the chosen batch size is
 	// recmesh_embedder_batch_examples.
 	predictedExec prometheus.Histogram
+	sloMargin     prometheus.Gauge
 
 	// Pre-bound children so the hot path does no label lookups.
 	reqOK, reqInvalid, reqExpired, reqCanceled, reqCorrupt, reqShed prometheus.Counter
@@ -35,6 +37,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "recmesh_embedder_queue_wait_seconds",
 			Help:    "Time from reading a request to publishing its batch.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 16),
+		}),
+		arrivalWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "recmesh_embedder_arrival_wait_seconds",
+			Help:    "Time from a frontend receiving a request to the embedder reading it (requests whose frontend stamped its arrival).",
 			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 16),
 		}),
 		lookup: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -71,14 +78,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "recmesh_embedder_table_bytes",
 			Help: "Bytes of embedding tables held (one copy for the whole mesh).",
 		}),
+		sloMargin: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "recmesh_embedder_slo_margin_seconds",
+			Help: "SLO mode: the part of the latency target kept back from batch plans, moved by the share of served calls that missed the target.",
+		}),
 		predictedExec: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "recmesh_embedder_predicted_execute_seconds",
 			Help:    "SLO mode: the execution time predicted for each sealed batch.",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
 		}),
 	}
-	reg.MustRegister(m.requests, m.queueWait, m.lookup, m.batch, m.queueDepth, m.occupancy,
-		m.lanesInUse, m.hugeFraction, m.generation, m.tableBytes, m.predictedExec)
+	reg.MustRegister(m.requests, m.queueWait, m.arrivalWait, m.lookup, m.batch, m.queueDepth, m.occupancy,
+		m.lanesInUse, m.hugeFraction, m.generation, m.tableBytes, m.predictedExec, m.sloMargin)
 	m.reqOK = m.requests.WithLabelValues("ok")
 	m.reqInvalid = m.requests.WithLabelValues("invalid")
 	m.reqExpired = m.requests.WithLabelValues("expired")

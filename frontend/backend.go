@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Backend is what scores examples for the frontend: in production a lane of
@@ -55,13 +56,23 @@ type Slot interface {
 	// until Release. It honours ctx: when ctx ends first it returns ctx's
 	// error (or one wrapping it), and the backend, not the caller, deals with
 	// the work still in flight (Release must then not free memory the
-	// backend may still write). tc is the caller's trace context, carried to
-	// the backend's own spans; it is zero when the call is not traced.
-	Submit(ctx context.Context, tc TraceContext) (scores []float32, err error)
+	// backend may still write). call describes the call: when it arrived
+	// and its trace context.
+	Submit(ctx context.Context, call Call) (scores []float32, err error)
 
 	// Release returns the slot to the backend. The slot and the scores must
 	// not be used afterwards.
 	Release()
+}
+
+// Call is what a backend learns about a call beside its inputs.
+type Call struct {
+	// Arrival is when the frontend received the call: the start of its
+	// latency budget, which the backend's batching keeps to.
+	Arrival time.Time
+	// Trace is the caller's trace context, carried to the backend's own
+	// spans; it is zero when the call is not traced.
+	Trace TraceContext
 }
 
 // TraceContext is the W3C trace context of the call a slot belongs to, in

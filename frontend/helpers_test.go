@@ -53,10 +53,11 @@ type fakeBackend struct {
 	// record keeps a copy of the last slot's inputs (off in benchmarks).
 	record bool
 
-	mu         sync.Mutex
-	lastDense  []float32
-	lastSparse []int32
-	lastTC     TraceContext
+	mu          sync.Mutex
+	lastDense   []float32
+	lastSparse  []int32
+	lastTC      TraceContext
+	lastArrival time.Time
 
 	// free recycles slots; unlike a sync.Pool it survives GC, so a
 	// benchmark measures the frontend's allocations, not the fake's.
@@ -108,7 +109,7 @@ func (s *fakeSlot) Dense() []float32 {
 
 func (s *fakeSlot) Sparse() []int32 { return s.sparse[:s.n*s.f.width] }
 
-func (s *fakeSlot) Submit(ctx context.Context, tc TraceContext) ([]float32, error) {
+func (s *fakeSlot) Submit(ctx context.Context, call Call) ([]float32, error) {
 	f := s.f
 	f.submits.Add(1)
 	if f.entered != nil {
@@ -129,7 +130,7 @@ func (s *fakeSlot) Submit(ctx context.Context, tc TraceContext) ([]float32, erro
 		f.mu.Lock()
 		f.lastDense = append([]float32(nil), dense...)
 		f.lastSparse = append([]int32(nil), sparse...)
-		f.lastTC = tc
+		f.lastTC, f.lastArrival = call.Trace, call.Arrival
 		f.mu.Unlock()
 	}
 	scores := s.scores[:s.n]

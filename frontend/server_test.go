@@ -397,9 +397,11 @@ func TestTracing(t *testing.T) {
 
 	healthStatus(ts.conn, "")
 	dense, sparse := inputs(1)
+	before := time.Now()
 	if _, err := ts.api.ModelInfer(ctx, rawRequest(dense, sparse, 1, false)); err != nil {
 		t.Fatal(err)
 	}
+	after := time.Now()
 	var server sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
 		if strings.Contains(s.Name(), "Health") {
@@ -416,8 +418,11 @@ func TestTracing(t *testing.T) {
 		t.Errorf("server span does not continue the caller's trace")
 	}
 	f.mu.Lock()
-	tc := f.lastTC
+	tc, arrival := f.lastTC, f.lastArrival
 	f.mu.Unlock()
+	if arrival.Before(before) || arrival.After(after) {
+		t.Errorf("Submit got arrival %v, outside the call [%v, %v]", arrival, before, after)
+	}
 	want := TraceContext{TraceID: traceID, SpanID: server.SpanContext().SpanID(), Flags: 1}
 	if tc != want {
 		t.Errorf("Submit got trace context %+v, want %+v", tc, want)

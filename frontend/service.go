@@ -82,14 +82,15 @@ func (s *service) ModelMetadata(_ context.Context, req *inference.ModelMetadataR
 func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
 	start := time.Now()
 	s.metrics.inflight.Inc()
-	resp, n, err := s.infer(ctx, req)
+	resp, n, err := s.infer(ctx, req, start)
 	s.metrics.inflight.Dec()
 	s.metrics.done(start, n, status.Code(err))
 	return resp, err
 }
 
 // infer is ModelInfer without the bookkeeping; n is the batch size.
-func (s *service) infer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, int, error) {
+// start is when the call arrived.
+func (s *service) infer(ctx context.Context, req *inference.ModelInferRequest, start time.Time) (*inference.ModelInferResponse, int, error) {
 	var in inferInput
 	if err := s.schema.parse(req, &in); err != nil {
 		return nil, 0, err
@@ -106,7 +107,7 @@ func (s *service) infer(ctx context.Context, req *inference.ModelInferRequest) (
 	}
 	in.dense.copyDense(dense)
 	in.sparse.copySparse(sparse)
-	scores, err := slot.Submit(ctx, traceContext(ctx))
+	scores, err := slot.Submit(ctx, Call{Arrival: start, Trace: traceContext(ctx)})
 	if err != nil {
 		return nil, n, backendStatus(err)
 	}

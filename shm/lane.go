@@ -17,6 +17,8 @@ type laneCtl struct {
 	heartbeat *uint64
 	pidNS     *uint64
 	drainSeq  *uint64
+	calls     *uint64 // calls served through the lane
+	misses    *uint64 // of those, answered later than the latency target
 	bell      *Doorbell
 	block     []byte // the control block
 	slots     []byte // the slot table
@@ -43,6 +45,8 @@ func (s *Segment) newLaneCtl(i int) laneCtl {
 		heartbeat: word64(block, laneHeartbeat),
 		pidNS:     word64(block, lanePidNS),
 		drainSeq:  word64(block, laneDrainSeq),
+		calls:     word64(block, laneCalls),
+		misses:    word64(block, laneMisses),
 		bell:      newDoorbell(block, laneBell),
 		block:     block,
 		slots:     slots[:len(slots):len(slots)],
@@ -107,6 +111,8 @@ type RequestMeta struct {
 	ID       uint64
 	Deadline int64 // unix ns; 0 means none
 	Trace    TraceContext
+	// Arrival is when the request reached the frontend; zero: unknown.
+	Arrival time.Time
 }
 
 // Lane is a frontend's claimed lane: the producer side of its request ring,
@@ -304,6 +310,9 @@ func (l *Lane) Commit(slot int, m RequestMeta) error {
 		PayloadLength: int(rec.payload),
 		ScoresOffset:  int(rec.off) + roundUp(int(rec.payload), 4),
 		Trace:         m.Trace,
+	}
+	if !m.Arrival.IsZero() {
+		h.Arrival = ArrivalStamp(m.Arrival)
 	}
 	writeSlotHeader(l.ctl.slot(slot), &h)
 	e := l.req.entry(t)
@@ -513,4 +522,28 @@ func (l *Lane) Release() error {
 		return fmt.Errorf("shm: release lane %d: %w", l.ctl.index, ErrLaneLost)
 	}
 	return nil
+}
+
+// CountServed records one call served through the lane (answered with its
+// scores) and whether it took longer than the latency target. The
+// embedder's SLO batching reads the sums (ServedCalls) to learn how the
+// answers it planned actually fared end to end.
+func (l *Lane) CountServed(missedTarget bool) {
+	atomic.AddUint64(l.ctl.calls, 1)
+	if missedTarget {
+		atomic.AddUint64(l.ctl.misses, 1)
+	}
+}
+
+// ServedCalls sums every lane's CountServed counters. They only grow while
+// the segment lives (a lane keeps its counts across owners), so a reader
+// takes differences; a hostile frontend can make them move backwards,
+// which a reader must treat as a restart, not a negative count.
+func (s *Segment) ServedCalls() (calls, misses uint64) {
+	for i := range s.lanes {
+		c := &s.lanes[i]
+		calls += atomic.LoadUint64(c.calls)
+		misses += atomic.LoadUint64(c.misses)
+	}
+	return calls, misses
 }

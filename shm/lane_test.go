@@ -68,7 +68,8 @@ func TestLaneCarriesHeaderFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	dl := time.Now().Add(time.Second).UnixNano()
-	if err := l.Commit(slot, RequestMeta{ID: 77, Deadline: dl, Trace: tc}); err != nil {
+	arrived := time.Now().Add(-3 * time.Millisecond)
+	if err := l.Commit(slot, RequestMeta{ID: 77, Deadline: dl, Trace: tc, Arrival: arrived}); err != nil {
 		t.Fatal(err)
 	}
 	req, ok, err := sv.rr.Next()
@@ -77,6 +78,9 @@ func TestLaneCarriesHeaderFields(t *testing.T) {
 	}
 	if req.RequestID != 77 || req.Deadline != dl || req.Trace != tc || req.Examples != 3 || len(req.Payload) != 100 {
 		t.Fatalf("request %+v", req)
+	}
+	if at, ok := ArrivalTime(req.Arrival, time.Now()); !ok || at.Sub(arrived).Abs() > time.Microsecond {
+		t.Fatalf("arrival read back as %v (%v), committed %v", at, ok, arrived)
 	}
 	if req.ScoresOffset%4 != 0 || req.ScoresOffset < req.PayloadOffset+100 {
 		t.Fatalf("scores at %d overlap the payload at %d", req.ScoresOffset, req.PayloadOffset)
@@ -584,5 +588,60 @@ func TestWaitCompletionFailsWhenPeersGo(t *testing.T) {
 	s.Close()
 	if _, err := l.WaitCompletion(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Fatalf("WaitCompletion after owner Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestArrivalStamp checks the 32-bit arrival stamp across its wrap, and
+// that unknown, future and implausibly old stamps decode as unknown.
+func TestArrivalStamp(t *testing.T) {
+	wrap := time.UnixMicro(1 << 32) // the stamp wraps to 0 here
+	for _, tc := range []struct {
+		arrived time.Time
+		age     time.Duration
+	}{
+		{time.UnixMicro(5_000_000), 7 * time.Millisecond},
+		{wrap.Add(-2 * time.Millisecond), 5 * time.Millisecond}, // stamped before the wrap, read after
+		{wrap, time.Millisecond},                                // stamped as 1, not 0 (unknown)
+		{time.Now(), 59 * time.Second},
+	} {
+		stamp := ArrivalStamp(tc.arrived)
+		if stamp == 0 {
+			t.Fatalf("ArrivalStamp(%v) = 0, the unknown stamp", tc.arrived)
+		}
+		got, ok := ArrivalTime(stamp, tc.arrived.Add(tc.age))
+		if !ok || got.Sub(tc.arrived).Abs() > time.Microsecond {
+			t.Errorf("stamp of %v read %v later: %v, %v", tc.arrived, tc.age, got, ok)
+		}
+	}
+	now := time.Now()
+	if _, ok := ArrivalTime(0, now); ok {
+		t.Error("stamp 0 decoded as known")
+	}
+	if _, ok := ArrivalTime(ArrivalStamp(now.Add(-2*time.Minute)), now); ok {
+		t.Error("a two-minute-old stamp decoded as known")
+	}
+	if _, ok := ArrivalTime(ArrivalStamp(now.Add(time.Second)), now); ok {
+		t.Error("a stamp from the future decoded as known")
+	}
+}
+
+// TestServedCalls counts served calls on two lanes and reads the sums.
+func TestServedCalls(t *testing.T) {
+	s := newTestSegment(t, testGeometry())
+	a, err := s.ClaimLane(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.ClaimLane(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		a.CountServed(i == 0)
+	}
+	b.CountServed(true)
+	b.CountServed(false)
+	if calls, misses := s.ServedCalls(); calls != 7 || misses != 2 {
+		t.Fatalf("ServedCalls = %d, %d; want 7, 2", calls, misses)
 	}
 }

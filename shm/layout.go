@@ -265,6 +265,14 @@ const (
 //	+                                                               +
 //	|                                                               |
 //	+---------------------------------------------------------------+
+//	|   Calls served (u64, atomic; frontend-owned, never reset)     |  40
+//	+                                                               +
+//	|                                                               |
+//	+---------------------------------------------------------------+
+//	|  Budget misses (u64, atomic; served calls over the target)    |  48
+//	+                                                               +
+//	|                                                               |
+//	+---------------------------------------------------------------+
 const (
 	laneOwner     = 0
 	laneEpoch     = 4
@@ -272,6 +280,8 @@ const (
 	laneHeartbeat = 16
 	lanePidNS     = 24
 	laneDrainSeq  = 32
+	laneCalls     = 40
+	laneMisses    = 48
 
 	laneBell       = LinePair
 	laneReqCtl     = 2 * LinePair
@@ -355,7 +365,7 @@ const (
 //	+---------------------------------------------------------------+
 //	|  Trace flags  |                    reserved                   |  56
 //	+---------------+-----------------------------------------------+
-//	|                            reserved                           |  60
+//	|       Arrival (u32, unix µs mod 2^32; 0 = unknown)            |  60
 //	+===============================================================+  second cache line
 //	|         Cancel flag (u32, atomic; set by the frontend)        |  64
 //	+---------------------------------------------------------------+
@@ -373,6 +383,7 @@ const (
 	slotTraceID    = 32
 	slotSpanID     = 48
 	slotTraceFlags = 56
+	slotArrival    = 60
 	slotCancel     = 64
 	slotStatus     = 68
 

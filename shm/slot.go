@@ -1,6 +1,9 @@
 package shm
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // TraceContext is the binary W3C trace context (traceparent without the
 // version byte) carried in slot headers and batch descriptors, so the
@@ -20,6 +23,39 @@ type SlotHeader struct {
 	PayloadLength int
 	ScoresOffset  int // bytes into the lane arena, 4-byte aligned; Examples float32 scores
 	Trace         TraceContext
+	// Arrival is when the frontend received the request, as ArrivalStamp
+	// encodes it; 0 means unknown. It lets the embedder count the time a
+	// request spent before it was read against the latency target.
+	Arrival uint32
+}
+
+// maxArrivalAge bounds the age ArrivalTime believes: a stamp older than
+// this is a clock step or garbage, not a request that waited that long.
+const maxArrivalAge = time.Minute
+
+// ArrivalStamp encodes t for SlotHeader.Arrival: its unix time in
+// microseconds modulo 2^32, which fits the header's spare word and wraps
+// only every 71 minutes, far beyond any request's life. 0 is reserved for
+// unknown, so that instant is stamped 1 µs late.
+func ArrivalStamp(t time.Time) uint32 {
+	if s := uint32(t.UnixMicro()); s != 0 {
+		return s
+	}
+	return 1
+}
+
+// ArrivalTime decodes a stamp read at now: the latest instant not after
+// now with that stamp. ok is false for an unknown stamp or one that would
+// be older than a minute.
+func ArrivalTime(stamp uint32, now time.Time) (t time.Time, ok bool) {
+	if stamp == 0 {
+		return time.Time{}, false
+	}
+	age := time.Duration(uint32(now.UnixMicro())-stamp) * time.Microsecond
+	if age > maxArrivalAge {
+		return time.Time{}, false
+	}
+	return now.Add(-age), true
 }
 
 // Completion statuses. 0 is success; a producer may use any other code,
@@ -65,6 +101,7 @@ func writeSlotHeader(slot []byte, h *SlotHeader) {
 	copy(slot[slotTraceID:slotTraceID+16], h.Trace.TraceID[:])
 	copy(slot[slotSpanID:slotSpanID+8], h.Trace.SpanID[:])
 	slot[slotTraceFlags] = h.Trace.Flags
+	put32(slot, slotArrival, h.Arrival)
 	// Cancel and status are adjacent u32s on an 8-byte boundary: one
 	// atomic store clears both.
 	atomic.StoreUint64(word64(slot, slotCancel), 0)
@@ -82,5 +119,6 @@ func readSlotHeader(slot []byte) SlotHeader {
 	copy(h.Trace.TraceID[:], slot[slotTraceID:slotTraceID+16])
 	copy(h.Trace.SpanID[:], slot[slotSpanID:slotSpanID+8])
 	h.Trace.Flags = slot[slotTraceFlags]
+	h.Arrival = get32(slot, slotArrival)
 	return h
 }

@@ -29,10 +29,12 @@ const (
 	// request is looked up as it arrives (so the next batch's lookups run
 	// while the device executes the current one), the batch is sealed the
 	// moment the device is idle, and while the device is busy it grows only
-	// as long as its oldest request, waiting for the device and then for
-	// the expected execution time of the larger bucket, still finishes
-	// within the target. A request that would miss the target even in a
-	// batch of its own is shed before lookup (admission control).
+	// as long as its oldest request (counted from when its frontend
+	// received it), waiting for the device and then for the expected
+	// execution time of the larger bucket, still finishes within the
+	// budget: the target less a margin that follows how many served calls
+	// missed the target (Feedback). A request that would miss the budget
+	// even in a batch of its own is shed before lookup (admission control).
 	SLO
 )
 
@@ -90,11 +92,12 @@ type Options struct {
 	Window time.Duration
 	// LatencyTarget is SLO mode's end-to-end budget. Default 20 ms.
 	LatencyTarget time.Duration
-	// Margin is the part of the budget SLO mode keeps for what it does not
-	// predict: the frontends' decoding and the network on the way in, the
-	// completion's way back, scheduling noise. Default a quarter of the
-	// target: the budget is a p99, and the predictions are high quantiles
-	// of recent runs, not worst cases.
+	// Margin is the part of the target SLO mode keeps for what it does not
+	// predict: the completion's way back to the client, the frontends'
+	// work on the one core they may share with the device, scheduling
+	// noise. It is where SLO mode starts: Feedback then moves it, from
+	// the calls the frontends served, between a twentieth and a half of
+	// the target. Default a tenth of the target.
 	Margin time.Duration
 }
 
@@ -112,7 +115,7 @@ func (o Options) withDefaults() Options {
 		o.LatencyTarget = DefaultLatencyTarget
 	}
 	if o.Margin <= 0 || o.Margin >= o.LatencyTarget {
-		o.Margin = o.LatencyTarget / 4
+		o.Margin = o.LatencyTarget / 10
 	}
 	return o
 }
@@ -128,7 +131,29 @@ type Batcher struct {
 	// the device is expected to finish every batch sealed so far.
 	costs      *Costs
 	deviceFree time.Time
+	// margin is the part of the target kept back now (see Feedback).
+	margin time.Duration
+	fb     feedback
 }
+
+// feedback is the state of the margin's control loop.
+type feedback struct {
+	started       bool
+	calls, misses uint64 // the last totals read
+	wCalls, wMiss uint64 // the window being judged
+}
+
+// The margin's control loop, after Clipper's AIMD (which moves the batch
+// size instead): judged every feedbackWindow served calls, the margin grows
+// by half (plus a fiftieth of the target) when more than missTarget of
+// them missed the target, and shrinks by a hundredth of the target when
+// fewer than half as many did. Growing fast and shrinking slowly keeps the
+// p99 under the target through a load change at the price of a slightly
+// smaller batch in steady state.
+const (
+	feedbackWindow = 200
+	missTarget     = 0.01 // the target is a p99
+)
 
 // New returns a Batcher with an empty open batch. costs may be nil outside
 // SLO mode; in SLO mode a nil costs predicts nothing, so nothing is shed
@@ -137,8 +162,42 @@ func New(opts Options, costs *Costs) *Batcher {
 	if costs == nil {
 		costs = &Costs{}
 	}
-	return &Batcher{opts: opts.withDefaults(), costs: costs}
+	b := &Batcher{opts: opts.withDefaults(), costs: costs}
+	b.margin = b.opts.Margin
+	return b
 }
+
+// Feedback gives SLO mode the frontends' running totals of calls served
+// and of those answered later than the latency target, and returns the
+// margin it keeps now. Totals that went backwards (a restarted count)
+// start a new baseline.
+func (b *Batcher) Feedback(calls, misses uint64) time.Duration {
+	f := &b.fb
+	if !f.started || calls < f.calls || misses < f.misses {
+		f.started, f.calls, f.misses = true, calls, misses
+		return b.margin
+	}
+	dc, dm := calls-f.calls, misses-f.misses
+	f.calls, f.misses = calls, misses
+	f.wCalls += dc
+	f.wMiss += min(dm, dc)
+	if f.wCalls < feedbackWindow {
+		return b.margin
+	}
+	target := b.opts.LatencyTarget
+	ratio := float64(f.wMiss) / float64(f.wCalls)
+	f.wCalls, f.wMiss = 0, 0
+	switch {
+	case ratio > missTarget:
+		b.margin = min(b.margin+b.margin/2+target/50, target/2)
+	case ratio < missTarget/2:
+		b.margin = max(b.margin-target/100, target/20)
+	}
+	return b.margin
+}
+
+// Margin is the part of the latency target kept back now.
+func (b *Batcher) Margin() time.Duration { return b.margin }
 
 // Costs returns the cost model the Batcher predicts with.
 func (b *Batcher) Costs() *Costs { return b.costs }
@@ -146,12 +205,13 @@ func (b *Batcher) Costs() *Costs { return b.costs }
 // Options returns the options with defaults filled in.
 func (b *Batcher) Options() Options { return b.opts }
 
-// Fits reports whether a request of n examples can join the open batch.
-// A request that does not fit means: seal the open batch, then add it to
-// the next one. n is at most MaxBatch (frontends refuse larger requests).
-// In SLO mode a request also does not fit when the larger batch would make
-// the open batch's oldest request miss the budget.
-func (b *Batcher) Fits(n int, now time.Time) bool {
+// Fits reports whether a request of n examples that arrived at arrival can
+// join the open batch. A request that does not fit means: seal the open
+// batch, then add it to the next one. n is at most MaxBatch (frontends
+// refuse larger requests). In SLO mode a request also does not fit when
+// the larger batch would make the batch's oldest request (it included)
+// miss the budget.
+func (b *Batcher) Fits(n int, arrival, now time.Time) bool {
 	if b.entries == 0 {
 		return true
 	}
@@ -162,13 +222,20 @@ func (b *Batcher) Fits(n int, now time.Time) bool {
 		return false
 	}
 	if b.opts.Mode == SLO && n > 0 {
-		return !b.finish(b.rows+n, n, now).After(b.first.Add(b.budget()))
+		return !b.finish(b.rows+n, n, now).After(earliest(b.first, arrival).Add(b.budget()))
 	}
 	return true
 }
 
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 // budget is the part of the latency target the embedder plans with.
-func (b *Batcher) budget() time.Duration { return b.opts.LatencyTarget - b.opts.Margin }
+func (b *Batcher) budget() time.Duration { return b.opts.LatencyTarget - b.margin }
 
 // finish predicts when a batch of rows examples would complete if sealed
 // as soon as its last pending lookups (of pending examples) are done: once
@@ -186,8 +253,9 @@ func (b *Batcher) finish(rows, pending int, now time.Time) time.Time {
 // Admit is SLO mode's admission control for a request of n examples that
 // arrived at arrival and must finish by deadline (zero: no deadline of its
 // own): false when, behind the work already queued, it would miss the
-// budget or its deadline even where it goes next (the open batch if it
-// Fits, else a new batch behind it). A request with nothing ahead of it is
+// budget (the target less the margin) or its deadline even where it goes
+// next (the open batch if it Fits, else a new batch behind it). A request
+// with nothing ahead of it is
 // always admitted, even one too large to finish in time on an idle device:
 // shedding it would spare no one else any waiting, and the frontends count
 // it as a budget miss instead. Other modes admit everything. Call it
@@ -196,7 +264,7 @@ func (b *Batcher) Admit(n int, arrival, deadline, now time.Time) bool {
 	if b.opts.Mode != SLO || n <= 0 {
 		return true
 	}
-	if b.entries > 0 && b.Fits(n, now) {
+	if b.entries > 0 && b.Fits(n, arrival, now) {
 		// Fits kept the oldest request, which arrived no later than this
 		// one, within the budget; only this one's own deadline can fail.
 		return deadline.IsZero() || !b.finish(b.rows+n, n, now).After(deadline)
@@ -238,11 +306,11 @@ func (b *Batcher) Sealed(now time.Time) (predicted time.Duration) {
 }
 
 // Add puts a request of n examples (0 for a request that failed before
-// lookup and only needs its error delivered) into the open batch and
-// returns its first row. The caller checks Fits first.
-func (b *Batcher) Add(n int, now time.Time) (firstRow int) {
-	if b.entries == 0 {
-		b.first = now
+// lookup and only needs its error delivered) that arrived at arrival into
+// the open batch and returns its first row. The caller checks Fits first.
+func (b *Batcher) Add(n int, arrival time.Time) (firstRow int) {
+	if b.entries == 0 || arrival.Before(b.first) {
+		b.first = arrival
 	}
 	firstRow = b.rows
 	b.rows += n

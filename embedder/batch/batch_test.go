@@ -30,7 +30,7 @@ func TestNoneSealsEveryRequest(t *testing.T) {
 	if row := b.Add(16, t0); row != 0 {
 		t.Fatalf("first row %d, want 0", row)
 	}
-	if b.Fits(1, t0) {
+	if b.Fits(1, t0, t0) {
 		t.Fatal("None mode let a second request join")
 	}
 	if !b.ShouldSeal(t0, false) {
@@ -45,7 +45,7 @@ func TestModelSealsWhenDeviceIdle(t *testing.T) {
 		t.Fatal("Model mode must seal at once when the device is idle")
 	}
 	for i := 1; i < 10; i++ {
-		if !b.Fits(1, t0) {
+		if !b.Fits(1, t0, t0) {
 			t.Fatalf("request %d did not fit", i)
 		}
 		if row := b.Add(1, t0.Add(time.Hour)); row != i {
@@ -82,10 +82,10 @@ func TestFullWaitsForWindow(t *testing.T) {
 func TestCapacity(t *testing.T) {
 	b := New(Options{Mode: Full, MaxBatch: 16, MaxEntries: 3}, nil)
 	b.Add(10, t0)
-	if b.Fits(7, t0) {
+	if b.Fits(7, t0, t0) {
 		t.Fatal("10+7 rows fit in a 16-row batch")
 	}
-	if !b.Fits(6, t0) {
+	if !b.Fits(6, t0, t0) {
 		t.Fatal("10+6 rows did not fit in a 16-row batch")
 	}
 	b.Add(6, t0)
@@ -96,7 +96,7 @@ func TestCapacity(t *testing.T) {
 	b.Add(0, t0)
 	b.Add(0, t0)
 	b.Add(1, t0)
-	if b.Fits(1, t0) {
+	if b.Fits(1, t0, t0) {
 		t.Fatal("a fourth entry fit with MaxEntries 3")
 	}
 	if !b.ShouldSeal(t0, false) {
@@ -104,7 +104,7 @@ func TestCapacity(t *testing.T) {
 	}
 	// An empty batch takes any request, even one as large as MaxBatch.
 	b.Reset()
-	if !b.Fits(16, t0) {
+	if !b.Fits(16, t0, t0) {
 		t.Fatal("an empty batch refused a MaxBatch request")
 	}
 }
@@ -160,17 +160,22 @@ func TestSLOCapsTheBatchAtTheBudget(t *testing.T) {
 	// Oldest arrived at now: its budget ends at now + 16 ms = 17 ms; the
 	// device frees at 15.72 ms, so a batch may take at most 1.28 ms:
 	// bucket 16 (1.16 ms) fits, bucket 32 (1.32 ms) does not.
-	if !b.Fits(15, now) {
+	if !b.Fits(15, now, now) {
 		t.Fatalf("a 16-example batch starting at %v should fit the budget", free.Sub(t0))
 	}
+	// The same request stamped 1 ms earlier by its frontend becomes the
+	// batch's oldest, whose budget then ends before bucket 16 would.
+	if b.Fits(15, now.Add(-time.Millisecond), now) {
+		t.Fatal("Fits ignored that the joining request arrived before the batch's first")
+	}
 	b.Add(15, now)
-	if b.Fits(1, now) {
+	if b.Fits(1, now, now) {
 		t.Fatal("growing into bucket 32 breaks the oldest request's budget but Fits said yes")
 	}
 	// Model mode has no such cap.
 	m := New(Options{Mode: Model}, c)
 	m.Add(16, now)
-	if !m.Fits(1, now) {
+	if !m.Fits(1, now, now) {
 		t.Fatal("Model mode capped a batch by latency")
 	}
 }
@@ -212,10 +217,15 @@ func TestSLOAdmissionControl(t *testing.T) {
 	if !b.Admit(1, later, later.Add(10*time.Millisecond), later) {
 		t.Fatal("refused a request whose deadline and budget it can meet")
 	}
-	// A request that already waited its budget away (read late from the
-	// ring) is shed.
-	if b.Admit(1, later.Add(-17*time.Millisecond), time.Time{}, later) {
+	// A request that already waited most of its budget away (stamped by
+	// its frontend 14 ms ago) is shed: behind the queued batch it would
+	// finish 16.17 ms after it arrived, past the 16 ms budget. One stamped
+	// 13 ms ago still fits.
+	if b.Admit(1, later.Add(-14*time.Millisecond), time.Time{}, later) {
 		t.Fatal("admitted a request that had already used its budget")
+	}
+	if !b.Admit(1, later.Add(-13*time.Millisecond), time.Time{}, later) {
+		t.Fatal("shed a request that can still finish within the budget")
 	}
 	// Other modes never shed, and nothing is shed before estimates exist.
 	if !New(Options{Mode: Full}, c).Admit(1, t0.Add(-time.Hour), time.Time{}, t0) {
@@ -246,5 +256,63 @@ func TestCostsExec(t *testing.T) {
 	c.SetLookup(3 * time.Microsecond)
 	if got := c.Lookup(10); got != 30*time.Microsecond {
 		t.Errorf("Lookup(10) = %v", got)
+	}
+}
+
+// TestFeedbackMovesTheMargin drives the margin's control loop: it grows
+// fast while more than 1% of served calls miss the target, shrinks slowly
+// while fewer than 0.5% do, stays within [target/20, target/2], waits
+// for a full window, and treats totals going backwards as a restart.
+func TestFeedbackMovesTheMargin(t *testing.T) {
+	const target = 20 * time.Millisecond
+	b := New(Options{Mode: SLO, LatencyTarget: target}, sloCosts())
+	if m := b.Margin(); m != target/10 {
+		t.Fatalf("starting margin %v, want a tenth of the target", m)
+	}
+	calls, misses := uint64(1000), uint64(50)
+	b.Feedback(calls, misses) // baseline
+	step := func(dc, dm uint64) time.Duration {
+		calls, misses = calls+dc, misses+dm
+		return b.Feedback(calls, misses)
+	}
+	if m := step(feedbackWindow-1, 100); m != target/10 {
+		t.Fatalf("margin moved to %v before a full window", m)
+	}
+	// The window completes with 100 misses in 200 calls: grow by half
+	// plus a fiftieth of the target.
+	if m := step(1, 0); m != 2*time.Millisecond+time.Millisecond+400*time.Microsecond {
+		t.Fatalf("after a missing window the margin is %v, want 3.4ms", m)
+	}
+	for range 20 {
+		step(feedbackWindow, feedbackWindow)
+	}
+	if m := b.Margin(); m != target/2 {
+		t.Fatalf("margin grew to %v, want capped at %v", m, target/2)
+	}
+	// 1 miss in 200 (0.5%) holds it; none shrinks it by 200 µs a window.
+	if m := step(feedbackWindow, 1); m != target/2 {
+		t.Fatalf("0.5%% misses moved the margin to %v", m)
+	}
+	if m := step(feedbackWindow, 0); m != target/2-target/100 {
+		t.Fatalf("a clean window left the margin at %v", m)
+	}
+	for range 200 {
+		step(feedbackWindow, 0)
+	}
+	if m := b.Margin(); m != target/20 {
+		t.Fatalf("margin shrank to %v, want floored at %v", m, target/20)
+	}
+	// A planning budget follows the margin.
+	if got := b.budget(); got != target-target/20 {
+		t.Fatalf("budget %v with margin %v", got, b.Margin())
+	}
+	// Counters that went backwards (a segment's lanes re-counted) are a
+	// new baseline, not a huge window.
+	before := b.Margin()
+	if m := b.Feedback(10, 10); m != before {
+		t.Fatalf("a restarted count moved the margin to %v", m)
+	}
+	if m := b.Feedback(10+feedbackWindow, 10); m != before {
+		t.Fatalf("a clean window at the floor moved the margin to %v", m)
 	}
 }

@@ -43,7 +43,11 @@ type Options struct {
 	// Model is the served model's config (request layout, model id).
 	Model    model.Config
 	FullWait time.Duration
-	Log      *slog.Logger
+	// LatencyTarget is a call's end-to-end budget. Each call served is
+	// counted in its lane, and whether it missed the target, so the
+	// embedder's SLO batching can correct its plans. Zero: count no miss.
+	LatencyTarget time.Duration
+	Log           *slog.Logger
 	// Notify, when non-nil, wakes the manager at once (the control plane
 	// sends on it when the embedder announces a new generation).
 	Notify <-chan struct{}
@@ -433,7 +437,7 @@ func (h *slotHandle) Sparse() []int32 {
 }
 
 // Submit publishes the slot and waits for its completion.
-func (h *slotHandle) Submit(ctx context.Context, tc frontend.TraceContext) ([]float32, error) {
+func (h *slotHandle) Submit(ctx context.Context, call frontend.Call) ([]float32, error) {
 	a := h.a
 	var deadline int64
 	if d, ok := ctx.Deadline(); ok {
@@ -443,12 +447,13 @@ func (h *slotHandle) Submit(ctx context.Context, tc frontend.TraceContext) ([]fl
 	err := a.lane.Commit(h.index, shm.RequestMeta{
 		ID:       a.b.nextID.Add(1),
 		Deadline: deadline,
-		Trace:    shm.TraceContext{TraceID: tc.TraceID, SpanID: tc.SpanID, Flags: tc.Flags},
+		Trace:    shm.TraceContext{TraceID: call.Trace.TraceID, SpanID: call.Trace.SpanID, Flags: call.Trace.Flags},
+		Arrival:  call.Arrival,
 	})
 	if err != nil {
 		h.state.Store(stIdle)
 		if errors.Is(err, shm.ErrDraining) {
-			return h.move(ctx, tc)
+			return h.move(ctx, call)
 		}
 		if errors.Is(err, shm.ErrFull) {
 			return nil, fmt.Errorf("shmbackend: request ring full: %w", frontend.ErrFull)
@@ -457,7 +462,12 @@ func (h *slotHandle) Submit(ctx context.Context, tc frontend.TraceContext) ([]fl
 	}
 	select {
 	case st := <-h.status:
-		return h.result(st)
+		scores, err := h.result(st)
+		if err == nil {
+			target := a.b.opts.LatencyTarget
+			a.lane.CountServed(target > 0 && !call.Arrival.IsZero() && time.Since(call.Arrival) > target)
+		}
+		return scores, err
 	case <-a.dead:
 		// The segment is gone; nothing will complete. Release must not
 		// touch the lane.
@@ -481,7 +491,7 @@ const moveWait = 2 * time.Second
 // was committed (a rollout): it waits for the manager to attach the new
 // generation, copies the payload into a slot there and submits it, so a
 // model switch fails no request.
-func (h *slotHandle) move(ctx context.Context, tc frontend.TraceContext) ([]float32, error) {
+func (h *slotHandle) move(ctx context.Context, call frontend.Call) ([]float32, error) {
 	b := h.a.b
 	deadline := time.Now().Add(moveWait)
 	for {
@@ -504,7 +514,7 @@ func (h *slotHandle) move(ctx context.Context, tc frontend.TraceContext) ([]floa
 	nh := next.(*slotHandle)
 	copy(nh.payload, h.payload)
 	h.moved = nh
-	return nh.Submit(ctx, tc)
+	return nh.Submit(ctx, call)
 }
 
 func (h *slotHandle) result(st uint32) ([]float32, error) {

@@ -118,7 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.referenceDelay, "reference-delay", 0, "reference backend only, for tests: extra delay per call")
 	fs.DurationVar(&c.drainDelay, "drain-delay", frontend.DefaultDrainDelay, "on SIGTERM, keep serving unready this long before refusing new calls")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", frontend.DefaultDrainTimeout, "on SIGTERM, give calls in flight this long to finish")
-	fs.DurationVar(&c.latencyTarget, "latency-target", frontend.DefaultLatencyTarget, "latency budget of a call; slower answers count in recmesh_frontend_budget_misses_total")
+	fs.DurationVar(&c.latencyTarget, "latency-target", frontend.DefaultLatencyTarget, "latency budget of a call; slower answers count in recmesh_frontend_budget_misses_total and, through the lane, steer the embedder's slo batching")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: frontend [flags]\n\nEvery flag has an environment twin; the command line wins.\n\n")
@@ -298,7 +298,8 @@ func readModelConfig(dir string) (model.Config, error) {
 func newBackend(c config, cfg model.Config, log *slog.Logger, notify <-chan struct{}) (frontend.Backend, error) {
 	switch c.backend {
 	case "shm":
-		return shmbackend.New(shmbackend.Options{ShmDir: c.shmDir, Segment: c.segment, Model: cfg, Log: log, Notify: notify})
+		return shmbackend.New(shmbackend.Options{ShmDir: c.shmDir, Segment: c.segment, Model: cfg,
+			LatencyTarget: c.latencyTarget, Log: log, Notify: notify})
 	case "reference":
 		b, err := model.Open(c.bundle)
 		if err != nil {

@@ -115,7 +115,7 @@ func (s *slot) Sparse() []int32  { return s.sparse }
 
 // Submit waits Options.Delay (or until ctx ends), then scores. The forward
 // pass itself is not interruptible; the frontend drops late results.
-func (s *slot) Submit(ctx context.Context, _ frontend.TraceContext) ([]float32, error) {
+func (s *slot) Submit(ctx context.Context, _ frontend.Call) ([]float32, error) {
 	if d := s.b.opts.Delay; d > 0 {
 		t := time.NewTimer(d)
 		defer t.Stop()

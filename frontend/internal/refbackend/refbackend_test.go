@@ -43,7 +43,7 @@ func TestBackend(t *testing.T) {
 	for i := range s1.Dense() {
 		s1.Dense()[i] = 1
 	}
-	scores, err := s1.Submit(ctx, frontend.TraceContext{})
+	scores, err := s1.Submit(ctx, frontend.Call{Arrival: time.Now()})
 	if err != nil || !slices.Equal(scores, []float32{13, 13}) {
 		t.Fatalf("Submit = %v, %v", scores, err)
 	}
@@ -87,7 +87,7 @@ func TestDelayHonoursDeadline(t *testing.T) {
 	defer s.Release()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if _, err := s.Submit(ctx, frontend.TraceContext{}); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := s.Submit(ctx, frontend.Call{Arrival: time.Now()}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Submit past its deadline: %v", err)
 	}
 	if p.calls != 0 {
