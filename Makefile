@@ -22,7 +22,7 @@ BENCH_BUNDLE:= $(DATA)/dlrm-cap850000
 export PJRT_PLUGIN_LIBRARY_PATH ?= $(dir $(PJRT_PLUGIN))
 export RECMESH_PJRT_PLUGIN ?= $(PJRT_PLUGIN)
 
-.PHONY: help deps build test vet run parity bench-model e2e
+.PHONY: help deps build test vet run parity bench-model e2e e2e-steering
 
 help:
 	@echo "make run    - start the whole mesh on the small default model"
@@ -84,6 +84,16 @@ e2e: deps
 	RECMESH_E2E_SUMMARY=$(DEPS)/e2e.summary $(GO) test -count=1 -run 'TestE2EModes$$' -v ./cli/e2e/ > $(DEPS)/e2e.log 2>&1 || { tail -n 60 $(DEPS)/e2e.log; echo "e2e: failed (whole log in .deps/e2e.log)"; exit 1; }
 	@grep -E '^\s*(--- |e2e_test.go:[0-9]+: mode)' $(DEPS)/e2e.log || true
 	@cat $(DEPS)/e2e.summary
+
+## e2e-steering: frontends scaled 2 → 5 → 2 under churning load, with eBPF
+## steering and with the kernel's hash (docs/deployment.md); ends with the
+## steering ok line. eBPF needs root (CAP_BPF, CAP_NET_ADMIN) and bpffs,
+## which it mounts at /sys/fs/bpf when missing.
+e2e-steering: deps
+	@mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf || echo "e2e-steering: could not mount bpffs at /sys/fs/bpf"
+	RECMESH_E2E_STEERING=1 RECMESH_REQUIRE_EBPF=1 $(GO) test -count=1 -timeout 20m -run 'TestE2ESteering' -v ./cli/e2e/ > $(DEPS)/e2e-steering.log 2>&1 || { tail -n 60 $(DEPS)/e2e-steering.log; echo "e2e-steering: failed (whole log in .deps/e2e-steering.log)"; exit 1; }
+	@grep -E '^\s*(--- |steering_test.go:[0-9]+: (ebpf|kernel-hash|mean))' $(DEPS)/e2e-steering.log || true
+	@grep '^steering ok:' $(DEPS)/e2e-steering.log
 
 ## bench-model: recmesh's compiled DCNv2 against JAX's (on the same PJRT
 ## plugin, and on jaxlib's own CPU backend), per bucket, on one core; see

@@ -338,7 +338,7 @@ func TestComposePrometheusTargets(t *testing.T) {
 // build arguments compose passes; services that share an image tag share
 // its build.
 func TestComposeImages(t *testing.T) {
-	for _, files := range [][]string{{"compose.yaml"}, {"compose.yaml", "deploy/compose.cuda.yaml"}} {
+	for _, files := range [][]string{{"compose.yaml"}, {"compose.yaml", "deploy/compose.cuda.yaml"}, {"compose.yaml", "deploy/compose.ebpf.yaml"}} {
 		p := loadCompose(t, nil, files...)
 		checkComposeImages(t, p)
 	}
@@ -417,5 +417,37 @@ func TestComposeCUDA(t *testing.T) {
 	// The override changes nothing else about how the mesh is wired.
 	if acc.Ipc != cpu.Ipc || acc.Pid != cpu.Pid || !hasHealthcheck(acc) {
 		t.Errorf("the CUDA override changed the accelerator's ipc/pid/health check")
+	}
+}
+
+// TestComposeEBPF: the eBPF override gives the frontends eBPF steering, the
+// capabilities to load it and the host's bpffs to share its maps, and
+// changes nothing else about how they are wired.
+func TestComposeEBPF(t *testing.T) {
+	plain := loadCompose(t, nil, "compose.yaml").Services["frontend"]
+	fe := loadCompose(t, nil, "compose.yaml", "deploy/compose.ebpf.yaml").Services["frontend"]
+	if v := env(plain, "RECMESH_STEERING"); v != "auto" {
+		t.Errorf("compose.yaml frontend RECMESH_STEERING=%q; want auto (kernel-hash where eBPF cannot load)", v)
+	}
+	if v := env(fe, "RECMESH_STEERING"); v != "ebpf" {
+		t.Errorf("eBPF override: RECMESH_STEERING=%q; want ebpf", v)
+	}
+	for _, c := range []string{"BPF", "NET_ADMIN"} {
+		if !slices.Contains(fe.CapAdd, c) {
+			t.Errorf("eBPF override: cap_add %v lacks %s", fe.CapAdd, c)
+		}
+	}
+	bpffs := false
+	for _, v := range fe.Volumes {
+		bpffs = bpffs || (v.Source == "/sys/fs/bpf" && v.Target == "/sys/fs/bpf")
+	}
+	if !bpffs {
+		t.Errorf("eBPF override mounts no /sys/fs/bpf: %+v", fe.Volumes)
+	}
+	if dir := env(fe, "RECMESH_STEERING_DIR"); !strings.HasPrefix(dir, "/sys/fs/bpf/") {
+		t.Errorf("eBPF override: RECMESH_STEERING_DIR=%q is not under the mounted bpffs", dir)
+	}
+	if fe.NetworkMode != plain.NetworkMode || fe.Ipc != plain.Ipc || fe.Pid != plain.Pid {
+		t.Error("the eBPF override changed the frontend's network, ipc or pid namespace")
 	}
 }

@@ -48,6 +48,8 @@ var Metrics = []Metric{
 	{"recmesh_frontend_examples_total", Counter, nil, []string{Frontend}},
 	{"recmesh_frontend_inflight_requests", Gauge, nil, []string{Frontend}},
 	{"recmesh_frontend_budget_misses_total", Counter, nil, []string{Frontend}},
+	{"recmesh_frontend_steering_mode", Gauge, []string{"mode"}, []string{Frontend}},
+	{"recmesh_frontend_connections", Gauge, nil, []string{Frontend}},
 
 	// Embedder.
 	{"recmesh_embedder_requests_total", Counter, []string{"status"}, []string{Embedder}},
@@ -61,6 +63,8 @@ var Metrics = []Metric{
 	{"recmesh_embedder_generation", Gauge, nil, []string{Embedder}},
 	{"recmesh_embedder_table_bytes", Gauge, nil, []string{Embedder}},
 	{"recmesh_embedder_predicted_execute_seconds", Histogram, nil, []string{Embedder}},
+	{"recmesh_embedder_slo_margin_seconds", Gauge, nil, []string{Embedder}},
+	{"recmesh_embedder_arrival_wait_seconds", Histogram, nil, []string{Embedder}},
 
 	// Accelerator.
 	{"recmesh_accelerator_requests_total", Counter, []string{"status"}, []string{Accelerator}},

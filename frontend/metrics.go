@@ -21,7 +21,11 @@ type metrics struct {
 	duration prometheus.Histogram
 	inflight prometheus.Gauge
 	misses   prometheus.Counter
-	target   time.Duration
+	// steering is 1 for the steering mode in use (ebpf or kernel-hash).
+	steering *prometheus.GaugeVec
+	// conns counts the gRPC connections open now.
+	conns  prometheus.Gauge
+	target time.Duration
 }
 
 func newMetrics(reg prometheus.Registerer, target time.Duration) (*metrics, error) {
@@ -60,6 +64,18 @@ func newMetrics(reg prometheus.Registerer, target time.Duration) (*metrics, erro
 			Name:      "budget_misses_total",
 			Help:      "ModelInfer calls answered OK but slower than the latency target (--latency-target).",
 		}),
+		steering: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "recmesh",
+			Subsystem: "frontend",
+			Name:      "steering_mode",
+			Help:      "1 for how new connections reach this frontend: ebpf (the steering program picks the least loaded ready frontend) or kernel-hash (the kernel's hash; the frontend listens only once ready).",
+		}, []string{"mode"}),
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "recmesh",
+			Subsystem: "frontend",
+			Name:      "connections",
+			Help:      "gRPC connections open now (steered frontends).",
+		}),
 		target: target,
 	}
 	// Every code is exported from the start, at zero, so that rate() and
@@ -67,7 +83,7 @@ func newMetrics(reg prometheus.Registerer, target time.Duration) (*metrics, erro
 	for c := range m.byCode {
 		m.byCode[c] = requests.WithLabelValues(codes.Code(c).String())
 	}
-	for _, c := range []prometheus.Collector{requests, m.examples, m.duration, m.inflight, m.misses} {
+	for _, c := range []prometheus.Collector{requests, m.examples, m.duration, m.inflight, m.misses, m.steering, m.conns} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("frontend: register metrics: %w", err)
 		}

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/recmesh/recmesh/frontend/steering"
 	"github.com/recmesh/recmesh/model"
 )
 
@@ -53,6 +54,11 @@ const (
 	// DefaultReadyPollInterval is how often Backend.Ready is polled to update
 	// the health service.
 	DefaultReadyPollInterval = 100 * time.Millisecond
+	// Steering modes (Options.Steering).
+	SteeringOff        = ""
+	SteeringAuto       = "auto"
+	SteeringEBPF       = string(steering.ModeEBPF)
+	SteeringKernelHash = string(steering.ModeKernelHash)
 	// ServerName is what ServerMetadata reports.
 	ServerName = "recmesh"
 	// Platform is what ModelMetadata reports as the model's platform.
@@ -103,6 +109,20 @@ type Options struct {
 	// the server stops accepting; calls still running then are cancelled.
 	// Default DefaultDrainTimeout.
 	DrainTimeout time.Duration
+
+	// Steering is how the port's frontends share new connections:
+	// SteeringOff (the default) listens at once and leaves placement to
+	// the kernel's hash; SteeringKernelHash joins the reuseport group only
+	// once the backend is first ready; SteeringEBPF also attaches the
+	// steering program (package steering) so connections go to the least
+	// loaded ready frontend and migrate off a closing listener;
+	// SteeringAuto is SteeringEBPF where this process may load it, else
+	// SteeringKernelHash. The frontend command defaults to SteeringAuto.
+	Steering string
+
+	// SteeringDir is the bpffs directory under which eBPF steering pins
+	// its maps, one subdirectory per port. Default steering.DefaultPinRoot.
+	SteeringDir string
 
 	// LatencyTarget is the latency budget of one call: answers slower than
 	// it are counted as budget misses. Default DefaultLatencyTarget.
@@ -188,6 +208,14 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
+	}
+	switch o.Steering {
+	case SteeringOff, SteeringAuto, SteeringEBPF, SteeringKernelHash:
+	default:
+		return o, optionErr("Steering", "%q: want %q, %q, %q or empty (off)", o.Steering, SteeringAuto, SteeringEBPF, SteeringKernelHash)
+	}
+	if o.SteeringDir == "" {
+		o.SteeringDir = steering.DefaultPinRoot
 	}
 	if o.LatencyTarget == 0 {
 		o.LatencyTarget = DefaultLatencyTarget

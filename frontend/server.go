@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/recmesh/recmesh/frontend/steering"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/inference"
 	"github.com/recmesh/recmesh/telemetry"
@@ -47,10 +48,11 @@ type Server struct {
 	streamsDone context.Context
 	endStreams  context.CancelFunc
 
-	mu   sync.Mutex
-	lis  net.Listener // gRPC, SO_REUSEPORT
-	mlis net.Listener // metrics; nil when off
-	ran  bool
+	mu    sync.Mutex
+	lis   net.Listener // gRPC, SO_REUSEPORT; nil until listening when steered
+	steer *steered     // nil when Options.Steering is off
+	mlis  net.Listener // metrics; nil when off
+	ran   bool
 }
 
 // New builds a Server from opts (see Options for the defaults). It
@@ -126,22 +128,38 @@ func maxRecvMsgSize(maxBatch, width int) int {
 func (s *Server) Listen() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lis != nil {
+	if s.lis != nil || s.steer != nil {
 		return nil
 	}
-	lis, err := listenReusePort(context.Background(), s.opts.Listen)
+	var lis net.Listener
+	var st *steered
+	var err error
+	if s.opts.Steering == SteeringOff {
+		lis, err = listenReusePort(context.Background(), s.opts.Listen)
+	} else {
+		st, err = bindSteered(s.opts.Listen, s.opts.Steering, s.opts.SteeringDir)
+	}
 	if err != nil {
 		return &OptionError{Option: "Listen", Err: err}
 	}
 	if s.http != nil {
 		mlis, err := telemetry.ListenRange(s.opts.MetricsAddr)
 		if err != nil {
-			lis.Close()
+			if lis != nil {
+				lis.Close()
+			}
+			if st != nil {
+				st.close()
+			}
 			return &OptionError{Option: "MetricsAddr", Err: err}
 		}
 		s.mlis = mlis
 	}
-	s.lis = lis
+	s.lis, s.steer = lis, st
+	if st != nil {
+		st.conns = s.metrics.conns
+		s.svc.load = st
+	}
 	return nil
 }
 
@@ -149,10 +167,24 @@ func (s *Server) Listen() error {
 func (s *Server) Addr() net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.steer != nil {
+		return s.steer.addr
+	}
 	if s.lis == nil {
 		return nil
 	}
 	return s.lis.Addr()
+}
+
+// SteeringMode is how new connections reach this frontend ("ebpf" or
+// "kernel-hash"), known after Listen; empty when Options.Steering is off.
+func (s *Server) SteeringMode() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.steer == nil {
+		return ""
+	}
+	return string(s.steer.mode)
 }
 
 // MetricsAddr is the metrics listener's address, nil before Listen or when
@@ -195,19 +227,41 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	if err := s.Listen(); err != nil {
 		return err
 	}
-	attrs := []any{"addr", s.lis.Addr().String(), "model", s.opts.ModelName, "version", s.opts.ModelVersion, "max_batch", s.opts.MaxBatch}
+	attrs := []any{"addr", s.Addr().String(), "model", s.opts.ModelName, "version", s.opts.ModelVersion, "max_batch", s.opts.MaxBatch}
 	if s.mlis != nil {
 		attrs = append(attrs, "metrics_addr", s.mlis.Addr().String())
 	}
+	if st := s.steer; st != nil {
+		attrs = append(attrs, "steering", st.mode)
+		if st.mode == steering.ModeEBPF {
+			attrs = append(attrs, "steering_dir", st.dir, "migrates", st.group.Migrates())
+		} else if st.reason != "" {
+			attrs = append(attrs, "ebpf_unavailable", st.reason)
+		}
+		s.metrics.steering.WithLabelValues(string(st.mode)).Set(1)
+		defer st.close()
+	}
 	s.log.Info("frontend serving", attrs...)
 
-	failed := make(chan error, 2)
+	failed := make(chan error, 3)
 	var wg sync.WaitGroup
+	stopServe := make(chan struct{})
 	wg.Go(func() {
-		if err := s.grpc.Serve(s.lis); err != nil {
+		lis, err := s.listener(stopServe)
+		if err != nil {
+			failed <- fmt.Errorf("frontend: listen: %w", err)
+			return
+		}
+		if lis == nil {
+			return // stopped before the backend was ever ready
+		}
+		if err := s.grpc.Serve(lis); err != nil {
 			failed <- fmt.Errorf("frontend: serve gRPC: %w", err)
 		}
 	})
+	if s.steer != nil {
+		wg.Go(func() { s.steer.sweep(stopServe) })
+	}
 	if s.mlis != nil {
 		wg.Go(func() {
 			if err := s.http.Serve(s.mlis); !errors.Is(err, http.ErrServerClosed) {
@@ -226,15 +280,45 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		s.log.Error("frontend stopping", "err", runErr)
 	}
 	close(stopPoll)
+	close(stopServe)
 	s.drain()
 	wg.Wait()
 	return runErr
+}
+
+// listener returns the listener to serve: at once without steering; with
+// it, once the backend is first ready, so that no connection reaches a
+// frontend that would only answer UNAVAILABLE. nil when stop closes first.
+func (s *Server) listener(stop <-chan struct{}) (net.Listener, error) {
+	if s.steer == nil {
+		return s.lis, nil
+	}
+	t := time.NewTicker(min(s.opts.ReadyPollInterval, 10*time.Millisecond))
+	defer t.Stop()
+	for !s.svc.ready() {
+		select {
+		case <-stop:
+			return nil, nil
+		case <-t.C:
+		}
+	}
+	lis, err := s.steer.listen()
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("frontend listening", "addr", lis.Addr().String(), "steering", s.steer.mode)
+	return lis, nil
 }
 
 // drain runs steps 1 and 2 of Run's shutdown and closes the metrics
 // endpoint; Run closes the backend.
 func (s *Server) drain() {
 	s.draining.Store(true)
+	if s.steer != nil {
+		// New connections go elsewhere now, and those still queued when
+		// GracefulStop closes the listener migrate to a ready frontend.
+		s.steer.setReady(false)
+	}
 	s.health.Shutdown()
 	if d := s.opts.DrainDelay; d > 0 {
 		time.Sleep(d) // serving on, unready, so that balancers move away first
@@ -276,6 +360,9 @@ func (s *Server) pollReady(stop <-chan struct{}) {
 		if ready := s.svc.ready(); ready != serving {
 			serving = ready
 			s.setServing(ready)
+			if s.steer != nil {
+				s.steer.setReady(ready)
+			}
 			s.log.Info("frontend readiness changed", "ready", ready)
 		}
 		select {

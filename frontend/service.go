@@ -23,6 +23,9 @@ type service struct {
 	metrics  *metrics
 	version  string
 	draining *atomic.Bool
+	// load receives the in-flight count when steering weighs frontends by
+	// it; nil otherwise.
+	load interface{ addInflight(int32) }
 }
 
 // ready is the readiness every probe reports: the backend can serve and the
@@ -82,7 +85,13 @@ func (s *service) ModelMetadata(_ context.Context, req *inference.ModelMetadataR
 func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
 	start := time.Now()
 	s.metrics.inflight.Inc()
+	if s.load != nil {
+		s.load.addInflight(1)
+	}
 	resp, n, err := s.infer(ctx, req, start)
+	if s.load != nil {
+		s.load.addInflight(-1)
+	}
 	s.metrics.inflight.Dec()
 	s.metrics.done(start, n, status.Code(err))
 	return resp, err

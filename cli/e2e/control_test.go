@@ -79,6 +79,9 @@ func TestE2EControlPlane(t *testing.T) {
 		} else if s.Generation != gen {
 			t.Errorf("%s is on generation %d, others on %d", s.Service, s.Generation, gen)
 		}
+		if s.Service == control.ServiceFrontend && !strings.Contains(s.Detail, "steering ebpf") && !strings.Contains(s.Detail, "steering kernel-hash") {
+			t.Errorf("frontend pid %d: status detail %q names no steering mode", s.PID, s.Detail)
+		}
 		if s.Service == control.ServiceEmbedder {
 			used := 0
 			for _, l := range s.Lanes {

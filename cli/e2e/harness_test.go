@@ -136,9 +136,11 @@ type cluster struct {
 	// latencyTarget is the embedder's --latency-target (slo mode), empty
 	// for its default.
 	latencyTarget string
-	procs         map[string]*proc
-	metrics       map[string]string // process name → metrics address
-	natsURL       string            // empty: no control plane
+	// frontendArgs are added to every frontend's flags.
+	frontendArgs []string
+	procs        map[string]*proc
+	metrics      map[string]string // process name → metrics address
+	natsURL      string            // empty: no control plane
 }
 
 func newCluster(t *testing.T, mode string) *cluster {
@@ -198,7 +200,7 @@ func (c *cluster) start(name string, args ...string) *proc {
 		args = append([]string{"serve"}, args...)
 	default:
 		path = filepath.Join(c.bin, "frontend")
-		args = append([]string{"--port", strconv.Itoa(c.port)}, args...)
+		args = append(append([]string{"--port", strconv.Itoa(c.port)}, c.frontendArgs...), args...)
 	}
 	maddr := fmt.Sprintf("127.0.0.1:%d", freePort(c.t))
 	c.metrics[name] = maddr
@@ -234,17 +236,18 @@ func (c *cluster) startMesh(frontends int) {
 
 func (c *cluster) waitServing(timeout time.Duration) {
 	c.t.Helper()
-	conn, err := grpc.NewClient(c.addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
+		// A new connection each round: frontends listen only once ready,
+		// and a client refused until then would back off for seconds.
+		conn, err := grpc.NewClient(c.addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			c.t.Fatal(err)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
+		conn.Close()
 		// The health check reaches one frontend of the SO_REUSEPORT group;
 		// a call may reach another that has not yet seen the accelerator.
 		// So the mesh serves only once every frontend says it is ready.
@@ -267,21 +270,23 @@ func (c *cluster) waitServing(timeout time.Duration) {
 // frontendsReady reports whether every running frontend answers /readyz
 // with 200 on its own metrics address.
 func (c *cluster) frontendsReady() bool {
-	client := &http.Client{Timeout: time.Second}
 	for name := range c.procs {
-		if !strings.HasPrefix(name, "frontend") {
-			continue
-		}
-		resp, err := client.Get("http://" + c.metrics[name] + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
+		if strings.HasPrefix(name, "frontend") && !c.ready(name) {
 			return false
 		}
 	}
 	return true
+}
+
+// ready reports whether the named process answers /readyz with 200.
+func (c *cluster) ready(name string) bool {
+	client := &http.Client{Timeout: time.Second}
+	resp, err := client.Get("http://" + c.metrics[name] + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 func (c *cluster) kill(name string, sig syscall.Signal) {

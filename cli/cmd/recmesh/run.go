@@ -217,19 +217,21 @@ func (m *mesh) stop() {
 	m.wg.Wait()
 }
 
-// waitServing polls the frontends' gRPC health until SERVING.
+// waitServing polls the frontends' gRPC health until SERVING. Frontends
+// listen only once ready (so no call reaches one that is not), so each
+// poll dials anew: a client refused before that would back off for
+// seconds.
 func waitServing(ctx context.Context, addr string, exited <-chan string) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
 	deadline := time.Now().Add(meshReadyTimeout)
 	for time.Now().Before(deadline) {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		resp, err := hc.Check(cctx, &healthpb.HealthCheckRequest{})
+		resp, err := healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{})
 		cancel()
+		conn.Close()
 		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
 			return nil
 		}

@@ -24,6 +24,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,6 +36,7 @@ import (
 	"github.com/recmesh/recmesh/frontend"
 	"github.com/recmesh/recmesh/frontend/internal/refbackend"
 	"github.com/recmesh/recmesh/frontend/shmbackend"
+	"github.com/recmesh/recmesh/frontend/steering"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"
@@ -77,6 +79,8 @@ type config struct {
 	drainDelay     time.Duration
 	drainTimeout   time.Duration
 	latencyTarget  time.Duration
+	steering       string
+	steeringDir    string
 	logLevel       slog.Level
 }
 
@@ -118,6 +122,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.referenceDelay, "reference-delay", 0, "reference backend only, for tests: extra delay per call")
 	fs.DurationVar(&c.drainDelay, "drain-delay", frontend.DefaultDrainDelay, "on SIGTERM, keep serving unready this long before refusing new calls")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", frontend.DefaultDrainTimeout, "on SIGTERM, give calls in flight this long to finish")
+	fs.StringVar(&c.steering, "steering", frontend.SteeringAuto, "how the port's frontends share new connections: auto (ebpf where this process may load it, else kernel-hash), ebpf (the least loaded ready frontend; needs CAP_BPF and CAP_NET_ADMIN and a bpffs), kernel-hash (the kernel's hash; listen only once ready)")
+	fs.StringVar(&c.steeringDir, "steering-dir", steering.DefaultPinRoot, "ebpf steering: bpffs directory where the port's frontends pin their shared maps")
 	fs.DurationVar(&c.latencyTarget, "latency-target", frontend.DefaultLatencyTarget, "latency budget of a call; slower answers count in recmesh_frontend_budget_misses_total and, through the lane, steer the embedder's slo batching")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.Usage = func() {
@@ -173,6 +179,8 @@ var flagOf = map[string]string{
 	"DrainDelay":    "--drain-delay",
 	"DrainTimeout":  "--drain-timeout",
 	"LatencyTarget": "--latency-target",
+	"Steering":      "--steering",
+	"SteeringDir":   "--steering-dir",
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
@@ -213,9 +221,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var srv atomic.Pointer[frontend.Server] // set once built, for the status
 	if nc != nil {
 		svc, err := control.Register(nc, control.ServiceFrontend, version, func() control.Status {
-			st := control.Status{State: "waiting", ModelID: cfg.ID(), Detail: "listening on " + c.listen}
+			st := control.Status{State: "waiting", ModelID: cfg.ID(), Detail: "port " + c.listen}
+			if s := srv.Load(); s != nil && s.SteeringMode() != "" {
+				st.Detail += ", steering " + s.SteeringMode()
+			}
 			if g, ok := backend.(interface{ Generation() uint64 }); ok {
 				st.Generation = g.Generation()
 			}
@@ -237,7 +249,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := frontend.New(frontend.Options{
+	server, err := frontend.New(frontend.Options{
 		Listen:         c.listen,
 		MetricsAddr:    c.metricsAddr,
 		ModelName:      c.modelName,
@@ -248,6 +260,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		DrainDelay:     c.drainDelay,
 		DrainTimeout:   c.drainTimeout,
 		LatencyTarget:  c.latencyTarget,
+		Steering:       c.steering,
+		SteeringDir:    c.steeringDir,
 		Registerer:     reg,
 		Gatherer:       reg,
 		Logger:         log,
@@ -257,6 +271,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		backend.Close()
 		return nameFlag(err)
 	}
+	// Bind now, so a busy port fails before serving and the status can
+	// name the steering mode.
+	if err := server.Listen(); err != nil {
+		backend.Close()
+		return nameFlag(err)
+	}
+	srv.Store(server)
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -264,7 +285,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		<-ctx.Done()
 		stop() // a second signal ends the process at once, drain or not
 	}()
-	return nameFlag(srv.Run(ctx))
+	return nameFlag(server.Run(ctx))
 }
 
 // nameFlag rewrites an *frontend.OptionError to name the flag to change.

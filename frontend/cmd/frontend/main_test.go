@@ -74,7 +74,8 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{"max batch", nil, []string{"--bundle=" + dir, "--max-batch=100000"}, "--max-batch: 100000 is not in 1..65536"},
 		{"drain timeout", nil, []string{"--bundle=" + dir, "--drain-timeout=-1s"}, "--drain-timeout: -1s is negative"},
 		{"listen busy", nil, []string{"--bundle=" + dir, "--listen=" + busy.Addr().String(), "--metrics-addr=off"},
-			"--listen (or --port): listen tcp " + busy.Addr().String()},
+			"--listen (or --port): bind " + busy.Addr().String()},
+		{"steering", nil, []string{"--bundle=" + dir, "--steering=magic"}, `--steering: "magic": want`},
 		{"metrics busy", nil, []string{"--bundle=" + dir, "--listen=127.0.0.1:0", "--metrics-addr=" + busy.Addr().String()},
 			"--metrics-addr: listen tcp " + busy.Addr().String()},
 	} {

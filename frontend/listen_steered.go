@@ -1,0 +1,237 @@
+//go:build linux
+
+package frontend
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/recmesh/recmesh/frontend/steering"
+)
+
+// steered is the gRPC listening socket of a frontend that takes part in
+// steering: bound at once (so the port and address are known and held),
+// but listening, and so in the port's reuseport group, only from the
+// first time the backend is ready. In eBPF mode it also holds the slot in
+// the steering group that carries its readiness and load.
+type steered struct {
+	mode   steering.Mode
+	fd     int
+	addr   net.Addr
+	dir    string
+	reason string                    // why eBPF is not used, in kernel-hash mode
+	conns  interface{ Add(float64) } // the connections gauge; may be nil
+
+	mu     sync.Mutex
+	group  *steering.Group
+	member *steering.Member
+	lis    net.Listener
+}
+
+// bindSteered binds addr with SO_REUSEPORT without listening.
+func bindSteered(addr, mode, pinRoot string) (*steered, error) {
+	tcp, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	family, sa := unix.AF_INET6, unix.Sockaddr(&unix.SockaddrInet6{Port: tcp.Port})
+	if ip4 := tcp.IP.To4(); ip4 != nil {
+		family = unix.AF_INET
+		sa = &unix.SockaddrInet4{Port: tcp.Port, Addr: [4]byte(ip4)}
+	} else if tcp.IP != nil {
+		sa = &unix.SockaddrInet6{Port: tcp.Port, Addr: [16]byte(tcp.IP.To16())}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("set SO_REUSEADDR: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("set SO_REUSEPORT: %w", err)
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("bind %s: %w", addr, err)
+	}
+	bound, err := unix.Getsockname(fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	s := &steered{mode: steering.ModeKernelHash, fd: fd, addr: sockaddrTCP(bound)}
+	if mode == SteeringAuto || mode == SteeringEBPF {
+		s.dir = filepath.Join(pinRoot, strconv.Itoa(s.addr.(*net.TCPAddr).Port))
+		g, err := steering.Open(s.dir)
+		switch {
+		case err == nil:
+			s.group, s.mode = g, steering.ModeEBPF
+		case mode == SteeringEBPF:
+			unix.Close(fd)
+			return nil, fmt.Errorf("eBPF steering (set --steering=auto or kernel-hash to fall back): %w", err)
+		default:
+			s.reason = err.Error()
+		}
+	}
+	return s, nil
+}
+
+func sockaddrTCP(sa unix.Sockaddr) *net.TCPAddr {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return &net.TCPAddr{IP: net.IP(a.Addr[:]).To16(), Port: a.Port}
+	case *unix.SockaddrInet6:
+		return &net.TCPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
+	}
+	return &net.TCPAddr{}
+}
+
+// listen starts listening (joining the reuseport group) and, in eBPF
+// mode, takes a steering slot, marked ready. conns counts accepted
+// connections into the slot's load.
+func (s *steered) listen() (net.Listener, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lis != nil {
+		return s.lis, nil
+	}
+	if err := unix.Listen(s.fd, unix.SOMAXCONN); err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	f := os.NewFile(uintptr(s.fd), "grpc-listener")
+	lis, err := net.FileListener(f)
+	f.Close() // FileListener holds its own duplicate
+	s.fd = -1
+	if err != nil {
+		return nil, err
+	}
+	if s.group != nil {
+		var jerr error
+		rc, err := lis.(*net.TCPListener).SyscallConn()
+		if err == nil {
+			err = rc.Control(func(fd uintptr) { s.member, jerr = s.group.Join(int(fd)) })
+		}
+		if err = errors.Join(err, jerr); err != nil {
+			lis.Close()
+			return nil, fmt.Errorf("join the steering group: %w", err)
+		}
+		s.member.SetReady(true)
+	}
+	s.lis = &countingListener{Listener: lis, s: s, gauge: s.conns}
+	return s.lis, nil
+}
+
+// setReady tells the steering program whether to send new connections
+// here (eBPF mode; the kernel's hash cannot be told).
+func (s *steered) setReady(ready bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.member != nil {
+		s.member.SetReady(ready)
+	}
+}
+
+// addInflight moves the slot's in-flight count (eBPF mode).
+func (s *steered) addInflight(d int32) {
+	if m := s.loadMember(); m != nil {
+		m.AddInflight(d)
+	}
+}
+
+func (s *steered) loadMember() *steering.Member {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.member
+}
+
+// sweep clears the slots of frontends that died, until stop closes.
+func (s *steered) sweep(stop <-chan struct{}) {
+	if s.group == nil {
+		return
+	}
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			s.group.Sweep()
+			if m := s.loadMember(); m != nil {
+				m.ForgetPending()
+			}
+		}
+	}
+}
+
+// close gives the slot up and releases the socket and the maps. The
+// listener itself is closed by the gRPC server.
+func (s *steered) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.member != nil {
+		s.member.Leave()
+		s.member = nil
+	}
+	if s.group != nil {
+		s.group.Close()
+		s.group = nil
+	}
+	if s.fd >= 0 {
+		unix.Close(s.fd)
+		s.fd = -1
+	}
+}
+
+// countingListener counts accepted connections into the steering slot's
+// load and the connections gauge.
+type countingListener struct {
+	net.Listener
+	s     *steered
+	gauge interface{ Add(float64) }
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	m := l.s.loadMember()
+	if m != nil {
+		m.Accepted()
+	}
+	if l.gauge != nil {
+		l.gauge.Add(1)
+	}
+	return &countedConn{Conn: c, m: m, gauge: l.gauge}, nil
+}
+
+type countedConn struct {
+	net.Conn
+	m     *steering.Member
+	gauge interface{ Add(float64) }
+	once  sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() {
+		if c.m != nil {
+			c.m.AddConns(-1)
+		}
+		if c.gauge != nil {
+			c.gauge.Add(-1)
+		}
+	})
+	return c.Conn.Close()
+}
