@@ -138,8 +138,11 @@ func churnLoad(t *testing.T, addr string, w *workload, clients, callsPerConn int
 				for range callsPerConn {
 					k := i % len(w.reqs)
 					i++
-					if w.n[k] > 16 {
-						continue // short calls: many of them cross each scale step
+					if w.n[k] != 1 {
+						// Short calls: connections then churn many times
+						// within each step, so placement is what the
+						// steady state shows.
+						continue
 					}
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 					resp, err := client.ModelInfer(ctx, w.reqs[k])
@@ -186,14 +189,14 @@ func scaleUnderLoad(t *testing.T, mode string) scaleRun {
 	}
 
 	stop := make(chan struct{})
-	l, wg := churnLoad(t, c.addr(), w, 20, 25, stop)
+	l, wg := churnLoad(t, c.addr(), w, 20, 30, stop)
 	time.Sleep(time.Second)
 	for i := 2; i < run.frontendsMax; i++ {
 		name := fmt.Sprintf("frontend-%d", i)
 		c.start(name)
 		waitFor(t, 2*time.Minute, name+" to get ready", func() bool { return c.ready(name) })
 	}
-	time.Sleep(time.Second) // connections churn onto the new frontends
+	time.Sleep(2 * time.Second) // connections churn onto the new frontends
 	run.imbalance = inflightImbalance(t, c, run.frontendsMax, 3*time.Second)
 	for i := run.frontendsMax - 1; i >= 2; i-- {
 		c.kill(fmt.Sprintf("frontend-%d", i), syscall.SIGTERM)
@@ -222,13 +225,16 @@ func scaleUnderLoad(t *testing.T, mode string) scaleRun {
 // returns the largest mean over the smallest.
 func inflightImbalance(t *testing.T, c *cluster, frontends int, d time.Duration) float64 {
 	sums := make([]float64, frontends)
+	conns := make([]float64, frontends)
 	samples := 0
 	for end := time.Now().Add(d); time.Now().Before(end); samples++ {
 		for i := range frontends {
 			sums[i] += scrapeGauge(t, c.metrics[fmt.Sprintf("frontend-%d", i)], "recmesh_frontend_inflight_requests")[""]
+			conns[i] += scrapeGauge(t, c.metrics[fmt.Sprintf("frontend-%d", i)], "recmesh_frontend_connections")[""]
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	t.Logf("mean connections per frontend: %v", conns)
 	lo, hi := math.Inf(1), 0.0
 	for _, s := range sums {
 		lo, hi = math.Min(lo, s), math.Max(hi, s)
