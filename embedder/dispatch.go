@@ -99,10 +99,13 @@ func (d *dispatcher) batchFor(st *shm.Staging) *openBatch {
 	return b
 }
 
-// idle reports whether the accelerator has finished every batch published
-// so far: the one "device idle" signal, on which the zero-wait merger seals
-// and from which SLO mode's predictions restart.
-func (d *dispatcher) idle() bool { return d.seg.CompletedSeq() >= d.seg.PublishedSeq() }
+// idle reports whether the device has executed every batch published so
+// far (their completions may still be being written): the one "device
+// idle" signal, on which the zero-wait merger seals and from which SLO
+// mode's predictions restart. It must not wait for the completions: a
+// caller answered from a batch can send its next request before they are
+// all written, and that request has nothing ahead of it.
+func (d *dispatcher) idle() bool { return d.seg.ExecutedSeq() >= d.seg.PublishedSeq() }
 
 // zeroWait reports whether the mode seals on the device going idle.
 func (d *dispatcher) zeroWait() bool {

@@ -302,6 +302,19 @@ func (r *BatchReader) Entry(b Batch, i int) (BatchEntry, error) {
 	return e, nil
 }
 
+// Executed records that the device finished executing batch b, before its
+// completions are written: the embedder's batching then knows the device
+// is free for the next batch. Batches execute in seq order on the one
+// device; an older seq than one already recorded is ignored.
+func (r *BatchReader) Executed(b Batch) {
+	for {
+		cur := atomic.LoadUint64(r.seg.executed)
+		if b.Seq <= cur || atomic.CompareAndSwapUint64(r.seg.executed, cur, b.Seq) {
+			return
+		}
+	}
+}
+
 // Done returns batch b's staging buffer to the embedder and advances the
 // completed seq, which the reclaimer reads to know that no batch still
 // writes into a draining lane's arena. Batches may finish out of order (up

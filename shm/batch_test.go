@@ -70,6 +70,17 @@ func TestBatchFlow(t *testing.T) {
 		}
 		got = append(got, b)
 	}
+	// Executed runs ahead of Done: the device is free before the
+	// completions are written. It never moves backwards.
+	br.Executed(got[0])
+	if s.ExecutedSeq() != 1 || s.CompletedSeq() != 0 {
+		t.Fatalf("after executing batch 1: executed %d, completed %d", s.ExecutedSeq(), s.CompletedSeq())
+	}
+	br.Executed(got[1])
+	br.Executed(got[0])
+	if s.ExecutedSeq() != 2 {
+		t.Fatalf("executed %d after batches 2 then 1, want 2", s.ExecutedSeq())
+	}
 	// Out-of-order completion: seq 2 first; the completed seq waits for 1.
 	if err := br.Done(got[1]); err != nil {
 		t.Fatal(err)

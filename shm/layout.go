@@ -150,6 +150,11 @@ const (
 	hdrProgress     = hdrAccel + LinePair
 	hdrCompletedSeq = hdrProgress + 0
 	hdrAccelIdle    = hdrProgress + 8
+	// hdrExecutedSeq is the seq of the last batch the device finished
+	// executing: ahead of hdrCompletedSeq by the time completions take to
+	// write, so the embedder sees the device idle before the first caller
+	// has its answer (and sends the next request).
+	hdrExecutedSeq = hdrProgress + 16
 
 	hdrEmbedderBell = hdrProgress + LinePair
 	hdrBatchBell    = hdrEmbedderBell + LinePair

@@ -44,6 +44,7 @@ type Segment struct {
 	accelPidNS  *uint64
 	accelHB     *uint64
 	completed   *uint64
+	executed    *uint64
 	accelIdle   *uint32
 	execTable   [ExecTableBuckets]*uint64 // words in the header
 	batchTail   *uint64
@@ -378,6 +379,7 @@ func newSegment(path string, f *os.File, mem []byte, g Geometry, lay layout, gen
 		accelPidNS:  word64(mem, hdrAccelPidNS),
 		accelHB:     word64(mem, hdrAccelHeartbeat),
 		completed:   word64(mem, hdrCompletedSeq),
+		executed:    word64(mem, hdrExecutedSeq),
 		accelIdle:   word32(mem, hdrAccelIdle),
 		batchTail:   word64(mem, lay.batchRing+ringTail),
 		embedder:    newDoorbell(mem, hdrEmbedderBell),
@@ -629,6 +631,13 @@ func execIndex(bucket int) (int, bool) {
 
 // CompletedSeq is the seq of the last batch the accelerator finished.
 func (s *Segment) CompletedSeq() uint64 { return atomic.LoadUint64(s.completed) }
+
+// ExecutedSeq is the seq of the last batch the device finished executing
+// (BatchReader.Executed); its completions may still be being written. At
+// least CompletedSeq.
+func (s *Segment) ExecutedSeq() uint64 {
+	return max(atomic.LoadUint64(s.executed), atomic.LoadUint64(s.completed))
+}
 
 // PublishedSeq is the seq of the last batch the embedder published.
 func (s *Segment) PublishedSeq() uint64 { return atomic.LoadUint64(s.batchTail) }

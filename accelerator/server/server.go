@@ -332,7 +332,12 @@ func (s *Server) runBatch(ex *executor.Executor, seg *shm.Segment, times *execTi
 	runStatus := shm.StatusOK
 	if n > 0 {
 		start := time.Now()
-		if err := ex.Run(in, n, scores); err != nil {
+		err := ex.Run(in, n, scores)
+		// The device is free now, before the completions are written: the
+		// embedder may seal its next batch while callers get their scores.
+		reader.Executed(b)
+		seg.EmbedderBell().Ring()
+		if err != nil {
 			s.log.Error("execute", "examples", n, "err", err)
 			runStatus = shm.StatusInternal
 		} else {
