@@ -75,6 +75,7 @@ func New(opts Options) (*Server, error) {
 		metrics:  m,
 		version:  opts.Version,
 		draining: &s.draining,
+		model:    opts.Model,
 	}
 
 	sopts := []grpc.ServerOption{

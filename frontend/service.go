@@ -26,6 +26,10 @@ type service struct {
 	// load receives the in-flight count when steering weighs frontends by
 	// it; nil otherwise.
 	load interface{ addInflight(int32) }
+	// model is the served model's configuration (ModelConfig reports it).
+	model model.Config
+	// stats are what ModelStatistics reports.
+	stats stats
 }
 
 // ready is the readiness every probe reports: the backend can serve and the
@@ -50,11 +54,10 @@ func (s *service) ModelReady(_ context.Context, req *inference.ModelReadyRequest
 	return &inference.ModelReadyResponse{Ready: s.ready()}, nil
 }
 
-// ServerMetadata reports no extensions: the v2 protocol defines none for
-// gRPC, and recmesh implements none of Triton's (model repository,
-// statistics, sequences, …).
+// ServerMetadata lists the Triton extensions recmesh serves: statistics
+// and the model repository's index (triton.go).
 func (s *service) ServerMetadata(context.Context, *inference.ServerMetadataRequest) (*inference.ServerMetadataResponse, error) {
-	return &inference.ServerMetadataResponse{Name: ServerName, Version: s.version, Extensions: []string{}}, nil
+	return &inference.ServerMetadataResponse{Name: ServerName, Version: s.version, Extensions: Extensions}, nil
 }
 
 // ModelMetadata describes the tensors of decode.go. The sparse input is
@@ -88,27 +91,33 @@ func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferReque
 	if s.load != nil {
 		s.load.addInflight(1)
 	}
-	resp, n, err := s.infer(ctx, req, start)
+	times := callTimes{start: start}
+	resp, n, err := s.infer(ctx, req, &times)
 	if s.load != nil {
 		s.load.addInflight(-1)
 	}
 	s.metrics.inflight.Dec()
-	s.metrics.done(start, n, status.Code(err))
+	code := status.Code(err)
+	s.metrics.done(start, n, code)
+	s.stats.record(&times, n, err == nil, time.Now())
 	return resp, err
 }
 
-// infer is ModelInfer without the bookkeeping; n is the batch size.
-// start is when the call arrived.
-func (s *service) infer(ctx context.Context, req *inference.ModelInferRequest, start time.Time) (*inference.ModelInferResponse, int, error) {
+// infer is ModelInfer without the bookkeeping; n is the batch size. t
+// holds when the call arrived, and infer stamps the steps of a successful
+// one into it.
+func (s *service) infer(ctx context.Context, req *inference.ModelInferRequest, t *callTimes) (*inference.ModelInferResponse, int, error) {
 	var in inferInput
 	if err := s.schema.parse(req, &in); err != nil {
 		return nil, 0, err
 	}
 	n := in.n
+	t.acquiring = time.Now()
 	slot, err := s.backend.Acquire(ctx, n)
 	if err != nil {
 		return nil, n, backendStatus(err)
 	}
+	t.acquired = time.Now()
 	defer slot.Release()
 	dense, sparse := slot.Dense(), slot.Sparse()
 	if len(dense) != n*model.NumDense || len(sparse) != n*s.schema.width {
@@ -116,14 +125,18 @@ func (s *service) infer(ctx context.Context, req *inference.ModelInferRequest, s
 	}
 	in.dense.copyDense(dense)
 	in.sparse.copySparse(sparse)
-	scores, err := slot.Submit(ctx, Call{Arrival: start, Trace: traceContext(ctx)})
+	t.submitted = time.Now()
+	scores, err := slot.Submit(ctx, Call{Arrival: t.start, Trace: traceContext(ctx)})
 	if err != nil {
 		return nil, n, backendStatus(err)
 	}
+	t.scored = time.Now()
 	if len(scores) != n {
 		return nil, n, contractError("%d scores for %d examples", len(scores), n)
 	}
-	return s.reply(req, scores, in.rawOutput), n, nil
+	resp := s.reply(req, scores, in.rawOutput)
+	t.replied = time.Now()
+	return resp, n, nil
 }
 
 // traceContext is the current span's context, as handed to the backend.

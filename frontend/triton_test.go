@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,6 +123,47 @@ func TestTritonClient(t *testing.T) {
 		TypedINT64    inferResult `json:"typed_INT64"`
 		Invalid       *rpcError   `json:"invalid"`
 		UnknownModel  *rpcError   `json:"unknown_model"`
+		// Triton's extensions, as tritonclient's as_json prints them
+		// (protobuf JSON with proto field names, 64-bit integers as strings).
+		ModelConfig struct {
+			Config struct {
+				Name         string `json:"name"`
+				Platform     string `json:"platform"`
+				Backend      string `json:"backend"`
+				MaxBatchSize int    `json:"max_batch_size"`
+				Input        []struct {
+					Name     string   `json:"name"`
+					DataType string   `json:"data_type"`
+					Dims     []string `json:"dims"`
+				} `json:"input"`
+				Output []struct {
+					Name     string   `json:"name"`
+					DataType string   `json:"data_type"`
+					Dims     []string `json:"dims"`
+				} `json:"output"`
+				DynamicBatching *struct{} `json:"dynamic_batching"`
+				Parameters      map[string]struct {
+					StringValue string `json:"string_value"`
+				} `json:"parameters"`
+			} `json:"config"`
+		} `json:"model_config"`
+		Statistics struct {
+			ModelStats []struct {
+				Name           string `json:"name"`
+				Version        string `json:"version"`
+				InferenceCount string `json:"inference_count"`
+				InferenceStats struct {
+					Success      struct{ Count, Ns string } `json:"success"`
+					Fail         struct{ Count, Ns string } `json:"fail"`
+					ComputeInfer struct{ Count, Ns string } `json:"compute_infer"`
+				} `json:"inference_stats"`
+			} `json:"model_stats"`
+		} `json:"statistics"`
+		RepositoryIndex struct {
+			Models []struct {
+				Name, Version, State string
+			} `json:"models"`
+		} `json:"repository_index"`
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
 		t.Fatalf("triton_client.py printed %q: %v\n%s", stdout.String(), err, stderr.String())
@@ -176,6 +218,39 @@ func TestTritonClient(t *testing.T) {
 	wantUnknown := rpcError{"StatusCode.NOT_FOUND", "unknown model 'nosuchmodel'; this server serves 'dlrm'"}
 	if got.UnknownModel == nil || *got.UnknownModel != wantUnknown {
 		t.Errorf("unknown model: got %+v, want %+v", got.UnknownModel, wantUnknown)
+	}
+
+	mc := got.ModelConfig.Config
+	if mc.Name != "dlrm" || mc.Backend != "recmesh" || mc.Platform != "recmesh_dlrm" || mc.MaxBatchSize != frontend.DefaultMaxBatch || mc.DynamicBatching == nil {
+		t.Errorf("model config %+v", mc)
+	}
+	if len(mc.Input) != 2 || mc.Input[0].Name != "dense" || mc.Input[0].DataType != "TYPE_FP32" || fmt.Sprint(mc.Input[0].Dims) != "[13]" ||
+		mc.Input[1].Name != "sparse" || mc.Input[1].DataType != "TYPE_INT32" || fmt.Sprint(mc.Input[1].Dims) != "[214]" {
+		t.Errorf("model config inputs %+v", mc.Input)
+	}
+	if len(mc.Output) != 1 || mc.Output[0].Name != "score" || mc.Output[0].DataType != "TYPE_FP32" || fmt.Sprint(mc.Output[0].Dims) != "[1]" {
+		t.Errorf("model config output %+v", mc.Output)
+	}
+	vocab := make([]string, len(bd.cfg.VocabSizes))
+	for i, v := range bd.cfg.VocabSizes {
+		vocab[i] = fmt.Sprint(v)
+	}
+	if v := mc.Parameters["vocab_sizes"].StringValue; v != strings.Join(vocab, ",") {
+		t.Errorf("model config vocab_sizes %q, want %q", v, strings.Join(vocab, ","))
+	}
+	// Five calls succeeded with n examples each (raw ×3, typed ×2), one
+	// failed validation; the unknown-model call never reached the model.
+	if len(got.Statistics.ModelStats) != 1 {
+		t.Fatalf("statistics %+v", got.Statistics)
+	}
+	ms := got.Statistics.ModelStats[0]
+	is := ms.InferenceStats
+	if ms.Name != "dlrm" || ms.Version != "1" || ms.InferenceCount != fmt.Sprint(5*n) ||
+		is.Success.Count != "5" || is.Fail.Count != "1" || is.ComputeInfer.Count != "5" || is.Success.Ns == "" || is.ComputeInfer.Ns == "" {
+		t.Errorf("statistics %+v", ms)
+	}
+	if ri := got.RepositoryIndex.Models; len(ri) != 1 || ri[0].Name != "dlrm" || ri[0].Version != "1" || ri[0].State != "READY" {
+		t.Errorf("repository index %+v", got.RepositoryIndex)
 	}
 }
 

@@ -38,6 +38,7 @@ BENCH_PY       := $(BENCH_VENV)/bin/python
 BENCH_PYGEN    := $(DEPS)/bench-pygen
 BENCH_REQS     := $(BENCH_DIR)/python/requirements.txt
 BENCH_PROTO    := $(ROOT)/proto/inference/grpc_service.proto
+BENCH_MODEL_CONFIG_PROTO := $(ROOT)/proto/inference/model_config.proto
 BENCH_RESULTS  := $(BENCH_DIR)/results
 BENCH_SMOKE_ARGS ?= -batch 16 -concurrency 4 -warmup 2s -duration 5s
 BENCH_SERVER_CPUS ?=
@@ -61,10 +62,14 @@ $(BENCH_VENV)/.stamp: $(BENCH_REQS)
 
 # Stubs are generated, not checked in: the .proto stays the one source, and
 # the protobuf runtime in the venv always matches the generator beside it.
-$(BENCH_PYGEN)/.stamp: $(BENCH_PROTO) $(BENCH_VENV)/.stamp
+# grpc_service.proto imports inference/model_config.proto (Triton's model
+# configuration): it lands in $(BENCH_PYGEN)/inference/, beside the flat
+# grpc_service_pb2*.py the arm imports.
+$(BENCH_PYGEN)/.stamp: $(BENCH_PROTO) $(BENCH_MODEL_CONFIG_PROTO) $(BENCH_VENV)/.stamp
 	rm -rf $(BENCH_PYGEN) && mkdir -p $(BENCH_PYGEN)
-	$(BENCH_PY) -m grpc_tools.protoc -I $(dir $(BENCH_PROTO)) \
+	$(BENCH_PY) -m grpc_tools.protoc -I $(dir $(BENCH_PROTO)) -I $(ROOT)/proto \
 		--python_out=$(BENCH_PYGEN) --grpc_python_out=$(BENCH_PYGEN) $(BENCH_PROTO)
+	$(BENCH_PY) -m grpc_tools.protoc -I $(ROOT)/proto --python_out=$(BENCH_PYGEN) inference/model_config.proto
 	@touch $@
 
 bench-loadgen: $(DEPS)/go.stamp

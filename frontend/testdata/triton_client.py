@@ -129,6 +129,12 @@ def main():
     except InferenceServerException as e:
         out["unknown_model"] = {"status": e.status(), "message": e.message()}
 
+    # Triton's extensions, read with Triton's own messages: the model's
+    # configuration, the statistics of the calls above, the repository.
+    out["model_config"] = client.get_model_config(args.model, as_json=True)
+    out["statistics"] = client.get_inference_statistics(args.model, as_json=True)
+    out["repository_index"] = client.get_model_repository_index(as_json=True)
+
     client.close()
     json.dump(out, sys.stdout)
 

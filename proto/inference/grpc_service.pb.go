@@ -3,9 +3,11 @@
 //
 // Package, service, message and field names and numbers follow the published
 // protocol exactly, so that any v2 client (tritonclient, the KServe SDK, …)
-// talks to recmesh unchanged. Methods of the Triton superset that recmesh does
-// not serve (model repository, statistics, streaming, shared-memory
-// registration, …) are left out; clients get UNIMPLEMENTED for them.
+// talks to recmesh unchanged. Of the Triton superset recmesh serves what
+// Triton's tools need before their first inference (ModelConfig,
+// ModelStatistics, RepositoryIndex, with Triton's own messages and field
+// numbers); the rest (model loading, streaming, shared-memory registration,
+// …) is left out, and clients get UNIMPLEMENTED for it.
 //
 // Regenerate the Go code with `make proto` from the repository root.
 
@@ -963,6 +965,533 @@ func (x *ModelInferResponse) GetRawOutputContents() [][]byte {
 	return nil
 }
 
+type ModelConfigRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The model's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The model's version; empty means the server's choice.
+	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelConfigRequest) Reset() {
+	*x = ModelConfigRequest{}
+	mi := &file_inference_grpc_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelConfigRequest) ProtoMessage() {}
+
+func (x *ModelConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelConfigRequest.ProtoReflect.Descriptor instead.
+func (*ModelConfigRequest) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ModelConfigRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelConfigRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+type ModelConfigResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The model's configuration.
+	Config        *ModelConfig `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelConfigResponse) Reset() {
+	*x = ModelConfigResponse{}
+	mi := &file_inference_grpc_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelConfigResponse) ProtoMessage() {}
+
+func (x *ModelConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelConfigResponse.ProtoReflect.Descriptor instead.
+func (*ModelConfigResponse) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ModelConfigResponse) GetConfig() *ModelConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+type ModelStatisticsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The model's name; empty means every model.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The model's version; empty means every version.
+	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelStatisticsRequest) Reset() {
+	*x = ModelStatisticsRequest{}
+	mi := &file_inference_grpc_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelStatisticsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelStatisticsRequest) ProtoMessage() {}
+
+func (x *ModelStatisticsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelStatisticsRequest.ProtoReflect.Descriptor instead.
+func (*ModelStatisticsRequest) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ModelStatisticsRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelStatisticsRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+// StatisticDuration is a count and the total time of what it counts.
+type StatisticDuration struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Count uint64                 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	// Cumulative duration, nanoseconds.
+	Ns            uint64 `protobuf:"varint,2,opt,name=ns,proto3" json:"ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatisticDuration) Reset() {
+	*x = StatisticDuration{}
+	mi := &file_inference_grpc_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatisticDuration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatisticDuration) ProtoMessage() {}
+
+func (x *StatisticDuration) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatisticDuration.ProtoReflect.Descriptor instead.
+func (*StatisticDuration) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *StatisticDuration) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *StatisticDuration) GetNs() uint64 {
+	if x != nil {
+		return x.Ns
+	}
+	return 0
+}
+
+// InferStatistics splits the time of the model's inference requests.
+type InferStatistics struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Requests answered successfully, and their whole duration.
+	Success *StatisticDuration `protobuf:"bytes,1,opt,name=success,proto3" json:"success,omitempty"`
+	// Requests that failed, and their whole duration.
+	Fail *StatisticDuration `protobuf:"bytes,2,opt,name=fail,proto3" json:"fail,omitempty"`
+	// Time waiting to be scheduled.
+	Queue *StatisticDuration `protobuf:"bytes,3,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Time preparing the inputs.
+	ComputeInput *StatisticDuration `protobuf:"bytes,4,opt,name=compute_input,json=computeInput,proto3" json:"compute_input,omitempty"`
+	// Time running the model.
+	ComputeInfer *StatisticDuration `protobuf:"bytes,5,opt,name=compute_infer,json=computeInfer,proto3" json:"compute_infer,omitempty"`
+	// Time preparing the outputs.
+	ComputeOutput *StatisticDuration `protobuf:"bytes,6,opt,name=compute_output,json=computeOutput,proto3" json:"compute_output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InferStatistics) Reset() {
+	*x = InferStatistics{}
+	mi := &file_inference_grpc_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InferStatistics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InferStatistics) ProtoMessage() {}
+
+func (x *InferStatistics) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InferStatistics.ProtoReflect.Descriptor instead.
+func (*InferStatistics) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *InferStatistics) GetSuccess() *StatisticDuration {
+	if x != nil {
+		return x.Success
+	}
+	return nil
+}
+
+func (x *InferStatistics) GetFail() *StatisticDuration {
+	if x != nil {
+		return x.Fail
+	}
+	return nil
+}
+
+func (x *InferStatistics) GetQueue() *StatisticDuration {
+	if x != nil {
+		return x.Queue
+	}
+	return nil
+}
+
+func (x *InferStatistics) GetComputeInput() *StatisticDuration {
+	if x != nil {
+		return x.ComputeInput
+	}
+	return nil
+}
+
+func (x *InferStatistics) GetComputeInfer() *StatisticDuration {
+	if x != nil {
+		return x.ComputeInfer
+	}
+	return nil
+}
+
+func (x *InferStatistics) GetComputeOutput() *StatisticDuration {
+	if x != nil {
+		return x.ComputeOutput
+	}
+	return nil
+}
+
+type ModelStatistics struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Version string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// When the last inference request finished, milliseconds since the epoch.
+	LastInference uint64 `protobuf:"varint,3,opt,name=last_inference,json=lastInference,proto3" json:"last_inference,omitempty"`
+	// Examples inferred (a request of batch size B counts B).
+	InferenceCount uint64 `protobuf:"varint,4,opt,name=inference_count,json=inferenceCount,proto3" json:"inference_count,omitempty"`
+	// Model executions (requests answered successfully, here).
+	ExecutionCount uint64           `protobuf:"varint,5,opt,name=execution_count,json=executionCount,proto3" json:"execution_count,omitempty"`
+	InferenceStats *InferStatistics `protobuf:"bytes,6,opt,name=inference_stats,json=inferenceStats,proto3" json:"inference_stats,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ModelStatistics) Reset() {
+	*x = ModelStatistics{}
+	mi := &file_inference_grpc_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelStatistics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelStatistics) ProtoMessage() {}
+
+func (x *ModelStatistics) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelStatistics.ProtoReflect.Descriptor instead.
+func (*ModelStatistics) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ModelStatistics) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelStatistics) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ModelStatistics) GetLastInference() uint64 {
+	if x != nil {
+		return x.LastInference
+	}
+	return 0
+}
+
+func (x *ModelStatistics) GetInferenceCount() uint64 {
+	if x != nil {
+		return x.InferenceCount
+	}
+	return 0
+}
+
+func (x *ModelStatistics) GetExecutionCount() uint64 {
+	if x != nil {
+		return x.ExecutionCount
+	}
+	return 0
+}
+
+func (x *ModelStatistics) GetInferenceStats() *InferStatistics {
+	if x != nil {
+		return x.InferenceStats
+	}
+	return nil
+}
+
+type ModelStatisticsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ModelStats    []*ModelStatistics     `protobuf:"bytes,1,rep,name=model_stats,json=modelStats,proto3" json:"model_stats,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelStatisticsResponse) Reset() {
+	*x = ModelStatisticsResponse{}
+	mi := &file_inference_grpc_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelStatisticsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelStatisticsResponse) ProtoMessage() {}
+
+func (x *ModelStatisticsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelStatisticsResponse.ProtoReflect.Descriptor instead.
+func (*ModelStatisticsResponse) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ModelStatisticsResponse) GetModelStats() []*ModelStatistics {
+	if x != nil {
+		return x.ModelStats
+	}
+	return nil
+}
+
+type RepositoryIndexRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The repository's name; empty means every repository.
+	RepositoryName string `protobuf:"bytes,1,opt,name=repository_name,json=repositoryName,proto3" json:"repository_name,omitempty"`
+	// Only models that are ready.
+	Ready         bool `protobuf:"varint,2,opt,name=ready,proto3" json:"ready,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepositoryIndexRequest) Reset() {
+	*x = RepositoryIndexRequest{}
+	mi := &file_inference_grpc_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepositoryIndexRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepositoryIndexRequest) ProtoMessage() {}
+
+func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepositoryIndexRequest.ProtoReflect.Descriptor instead.
+func (*RepositoryIndexRequest) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RepositoryIndexRequest) GetRepositoryName() string {
+	if x != nil {
+		return x.RepositoryName
+	}
+	return ""
+}
+
+func (x *RepositoryIndexRequest) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+type RepositoryIndexResponse struct {
+	state         protoimpl.MessageState                `protogen:"open.v1"`
+	Models        []*RepositoryIndexResponse_ModelIndex `protobuf:"bytes,1,rep,name=models,proto3" json:"models,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepositoryIndexResponse) Reset() {
+	*x = RepositoryIndexResponse{}
+	mi := &file_inference_grpc_service_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepositoryIndexResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepositoryIndexResponse) ProtoMessage() {}
+
+func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_service_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepositoryIndexResponse.ProtoReflect.Descriptor instead.
+func (*RepositoryIndexResponse) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_service_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RepositoryIndexResponse) GetModels() []*RepositoryIndexResponse_ModelIndex {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
 // TensorMetadata describes one input or output tensor.
 type ModelMetadataResponse_TensorMetadata struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -978,7 +1507,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_inference_grpc_service_proto_msgTypes[14]
+	mi := &file_inference_grpc_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1519,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_service_proto_msgTypes[14]
+	mi := &file_inference_grpc_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1575,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_inference_grpc_service_proto_msgTypes[15]
+	mi := &file_inference_grpc_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1587,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_service_proto_msgTypes[15]
+	mi := &file_inference_grpc_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1651,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_inference_grpc_service_proto_msgTypes[16]
+	mi := &file_inference_grpc_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1663,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_service_proto_msgTypes[16]
+	mi := &file_inference_grpc_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1712,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_inference_grpc_service_proto_msgTypes[20]
+	mi := &file_inference_grpc_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1724,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_service_proto_msgTypes[20]
+	mi := &file_inference_grpc_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1246,11 +1775,81 @@ func (x *ModelInferResponse_InferOutputTensor) GetContents() *InferTensorContent
 	return nil
 }
 
+type RepositoryIndexResponse_ModelIndex struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Version string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// READY or UNAVAILABLE.
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// Why a model is not ready.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepositoryIndexResponse_ModelIndex) Reset() {
+	*x = RepositoryIndexResponse_ModelIndex{}
+	mi := &file_inference_grpc_service_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepositoryIndexResponse_ModelIndex) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
+
+func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_service_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepositoryIndexResponse_ModelIndex.ProtoReflect.Descriptor instead.
+func (*RepositoryIndexResponse_ModelIndex) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_service_proto_rawDescGZIP(), []int{22, 0}
+}
+
+func (x *RepositoryIndexResponse_ModelIndex) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RepositoryIndexResponse_ModelIndex) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *RepositoryIndexResponse_ModelIndex) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *RepositoryIndexResponse_ModelIndex) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_inference_grpc_service_proto protoreflect.FileDescriptor
 
 const file_inference_grpc_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1cinference/grpc_service.proto\x12\tinference\"\x13\n" +
+	"\x1cinference/grpc_service.proto\x12\tinference\x1a\x1cinference/model_config.proto\"\x13\n" +
 	"\x11ServerLiveRequest\"(\n" +
 	"\x12ServerLiveResponse\x12\x12\n" +
 	"\x04live\x18\x01 \x01(\bR\x04live\"\x14\n" +
@@ -1356,7 +1955,46 @@ const file_inference_grpc_service_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\x1aX\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
-	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x012\xfc\x03\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\"B\n" +
+	"\x12ModelConfigRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"E\n" +
+	"\x13ModelConfigResponse\x12.\n" +
+	"\x06config\x18\x01 \x01(\v2\x16.inference.ModelConfigR\x06config\"F\n" +
+	"\x16ModelStatisticsRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"9\n" +
+	"\x11StatisticDuration\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x04R\x05count\x12\x0e\n" +
+	"\x02ns\x18\x02 \x01(\x04R\x02ns\"\xfa\x02\n" +
+	"\x0fInferStatistics\x126\n" +
+	"\asuccess\x18\x01 \x01(\v2\x1c.inference.StatisticDurationR\asuccess\x120\n" +
+	"\x04fail\x18\x02 \x01(\v2\x1c.inference.StatisticDurationR\x04fail\x122\n" +
+	"\x05queue\x18\x03 \x01(\v2\x1c.inference.StatisticDurationR\x05queue\x12A\n" +
+	"\rcompute_input\x18\x04 \x01(\v2\x1c.inference.StatisticDurationR\fcomputeInput\x12A\n" +
+	"\rcompute_infer\x18\x05 \x01(\v2\x1c.inference.StatisticDurationR\fcomputeInfer\x12C\n" +
+	"\x0ecompute_output\x18\x06 \x01(\v2\x1c.inference.StatisticDurationR\rcomputeOutput\"\xfd\x01\n" +
+	"\x0fModelStatistics\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12%\n" +
+	"\x0elast_inference\x18\x03 \x01(\x04R\rlastInference\x12'\n" +
+	"\x0finference_count\x18\x04 \x01(\x04R\x0einferenceCount\x12'\n" +
+	"\x0fexecution_count\x18\x05 \x01(\x04R\x0eexecutionCount\x12C\n" +
+	"\x0finference_stats\x18\x06 \x01(\v2\x1a.inference.InferStatisticsR\x0einferenceStats\"V\n" +
+	"\x17ModelStatisticsResponse\x12;\n" +
+	"\vmodel_stats\x18\x01 \x03(\v2\x1a.inference.ModelStatisticsR\n" +
+	"modelStats\"W\n" +
+	"\x16RepositoryIndexRequest\x12'\n" +
+	"\x0frepository_name\x18\x01 \x01(\tR\x0erepositoryName\x12\x14\n" +
+	"\x05ready\x18\x02 \x01(\bR\x05ready\"\xca\x01\n" +
+	"\x17RepositoryIndexResponse\x12E\n" +
+	"\x06models\x18\x01 \x03(\v2-.inference.RepositoryIndexResponse.ModelIndexR\x06models\x1ah\n" +
+	"\n" +
+	"ModelIndex\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason2\x84\x06\n" +
 	"\x14GRPCInferenceService\x12K\n" +
 	"\n" +
 	"ServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse\"\x00\x12N\n" +
@@ -1366,7 +2004,10 @@ const file_inference_grpc_service_proto_rawDesc = "" +
 	"\x0eServerMetadata\x12 .inference.ServerMetadataRequest\x1a!.inference.ServerMetadataResponse\"\x00\x12T\n" +
 	"\rModelMetadata\x12\x1f.inference.ModelMetadataRequest\x1a .inference.ModelMetadataResponse\"\x00\x12K\n" +
 	"\n" +
-	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00B,Z*github.com/recmesh/recmesh/proto/inferenceb\x06proto3"
+	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00\x12N\n" +
+	"\vModelConfig\x12\x1d.inference.ModelConfigRequest\x1a\x1e.inference.ModelConfigResponse\"\x00\x12Z\n" +
+	"\x0fModelStatistics\x12!.inference.ModelStatisticsRequest\x1a\".inference.ModelStatisticsResponse\"\x00\x12Z\n" +
+	"\x0fRepositoryIndex\x12!.inference.RepositoryIndexRequest\x1a\".inference.RepositoryIndexResponse\"\x00B,Z*github.com/recmesh/recmesh/proto/inferenceb\x06proto3"
 
 var (
 	file_inference_grpc_service_proto_rawDescOnce sync.Once
@@ -1380,7 +2021,7 @@ func file_inference_grpc_service_proto_rawDescGZIP() []byte {
 	return file_inference_grpc_service_proto_rawDescData
 }
 
-var file_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_inference_grpc_service_proto_goTypes = []any{
 	(*ServerLiveRequest)(nil),                            // 0: inference.ServerLiveRequest
 	(*ServerLiveResponse)(nil),                           // 1: inference.ServerLiveResponse
@@ -1396,51 +2037,78 @@ var file_inference_grpc_service_proto_goTypes = []any{
 	(*InferTensorContents)(nil),                          // 11: inference.InferTensorContents
 	(*ModelInferRequest)(nil),                            // 12: inference.ModelInferRequest
 	(*ModelInferResponse)(nil),                           // 13: inference.ModelInferResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 14: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 15: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 16: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 17: inference.ModelInferRequest.ParametersEntry
-	nil, // 18: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 19: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 20: inference.ModelInferResponse.InferOutputTensor
-	nil, // 21: inference.ModelInferResponse.ParametersEntry
-	nil, // 22: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*ModelConfigRequest)(nil),                           // 14: inference.ModelConfigRequest
+	(*ModelConfigResponse)(nil),                          // 15: inference.ModelConfigResponse
+	(*ModelStatisticsRequest)(nil),                       // 16: inference.ModelStatisticsRequest
+	(*StatisticDuration)(nil),                            // 17: inference.StatisticDuration
+	(*InferStatistics)(nil),                              // 18: inference.InferStatistics
+	(*ModelStatistics)(nil),                              // 19: inference.ModelStatistics
+	(*ModelStatisticsResponse)(nil),                      // 20: inference.ModelStatisticsResponse
+	(*RepositoryIndexRequest)(nil),                       // 21: inference.RepositoryIndexRequest
+	(*RepositoryIndexResponse)(nil),                      // 22: inference.RepositoryIndexResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 23: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 24: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 25: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 26: inference.ModelInferRequest.ParametersEntry
+	nil, // 27: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 28: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 29: inference.ModelInferResponse.InferOutputTensor
+	nil, // 30: inference.ModelInferResponse.ParametersEntry
+	nil, // 31: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 32: inference.RepositoryIndexResponse.ModelIndex
+	(*ModelConfig)(nil),                        // 33: inference.ModelConfig
 }
 var file_inference_grpc_service_proto_depIdxs = []int32{
-	14, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	14, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	17, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	15, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	16, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	21, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	20, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
-	18, // 7: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	11, // 8: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	19, // 9: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	10, // 10: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 11: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 12: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	22, // 13: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	11, // 14: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	10, // 15: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 16: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	0,  // 17: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	2,  // 18: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	4,  // 19: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	6,  // 20: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	8,  // 21: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	12, // 22: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	1,  // 23: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	3,  // 24: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	5,  // 25: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	7,  // 26: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	9,  // 27: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	13, // 28: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	23, // [23:29] is the sub-list for method output_type
-	17, // [17:23] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	23, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	23, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	26, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	24, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	25, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	30, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	29, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	33, // 7: inference.ModelConfigResponse.config:type_name -> inference.ModelConfig
+	17, // 8: inference.InferStatistics.success:type_name -> inference.StatisticDuration
+	17, // 9: inference.InferStatistics.fail:type_name -> inference.StatisticDuration
+	17, // 10: inference.InferStatistics.queue:type_name -> inference.StatisticDuration
+	17, // 11: inference.InferStatistics.compute_input:type_name -> inference.StatisticDuration
+	17, // 12: inference.InferStatistics.compute_infer:type_name -> inference.StatisticDuration
+	17, // 13: inference.InferStatistics.compute_output:type_name -> inference.StatisticDuration
+	18, // 14: inference.ModelStatistics.inference_stats:type_name -> inference.InferStatistics
+	19, // 15: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
+	32, // 16: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	27, // 17: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	11, // 18: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	28, // 19: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	10, // 20: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 21: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 22: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	31, // 23: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	11, // 24: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	10, // 25: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 26: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	0,  // 27: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	2,  // 28: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	4,  // 29: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	6,  // 30: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	8,  // 31: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	12, // 32: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	14, // 33: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
+	16, // 34: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
+	21, // 35: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	1,  // 36: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	3,  // 37: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	5,  // 38: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	7,  // 39: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	9,  // 40: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	13, // 41: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	15, // 42: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
+	20, // 43: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
+	22, // 44: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	36, // [36:45] is the sub-list for method output_type
+	27, // [27:36] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_inference_grpc_service_proto_init() }
@@ -1448,6 +2116,7 @@ func file_inference_grpc_service_proto_init() {
 	if File_inference_grpc_service_proto != nil {
 		return
 	}
+	file_inference_model_config_proto_init()
 	file_inference_grpc_service_proto_msgTypes[10].OneofWrappers = []any{
 		(*InferParameter_BoolParam)(nil),
 		(*InferParameter_Int64Param)(nil),
@@ -1461,7 +2130,7 @@ func file_inference_grpc_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inference_grpc_service_proto_rawDesc), len(file_inference_grpc_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

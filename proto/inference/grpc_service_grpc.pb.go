@@ -3,9 +3,11 @@
 //
 // Package, service, message and field names and numbers follow the published
 // protocol exactly, so that any v2 client (tritonclient, the KServe SDK, …)
-// talks to recmesh unchanged. Methods of the Triton superset that recmesh does
-// not serve (model repository, statistics, streaming, shared-memory
-// registration, …) are left out; clients get UNIMPLEMENTED for them.
+// talks to recmesh unchanged. Of the Triton superset recmesh serves what
+// Triton's tools need before their first inference (ModelConfig,
+// ModelStatistics, RepositoryIndex, with Triton's own messages and field
+// numbers); the rest (model loading, streaming, shared-memory registration,
+// …) is left out, and clients get UNIMPLEMENTED for it.
 //
 // Regenerate the Go code with `make proto` from the repository root.
 
@@ -30,12 +32,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	GRPCInferenceService_ServerLive_FullMethodName     = "/inference.GRPCInferenceService/ServerLive"
-	GRPCInferenceService_ServerReady_FullMethodName    = "/inference.GRPCInferenceService/ServerReady"
-	GRPCInferenceService_ModelReady_FullMethodName     = "/inference.GRPCInferenceService/ModelReady"
-	GRPCInferenceService_ServerMetadata_FullMethodName = "/inference.GRPCInferenceService/ServerMetadata"
-	GRPCInferenceService_ModelMetadata_FullMethodName  = "/inference.GRPCInferenceService/ModelMetadata"
-	GRPCInferenceService_ModelInfer_FullMethodName     = "/inference.GRPCInferenceService/ModelInfer"
+	GRPCInferenceService_ServerLive_FullMethodName      = "/inference.GRPCInferenceService/ServerLive"
+	GRPCInferenceService_ServerReady_FullMethodName     = "/inference.GRPCInferenceService/ServerReady"
+	GRPCInferenceService_ModelReady_FullMethodName      = "/inference.GRPCInferenceService/ModelReady"
+	GRPCInferenceService_ServerMetadata_FullMethodName  = "/inference.GRPCInferenceService/ServerMetadata"
+	GRPCInferenceService_ModelMetadata_FullMethodName   = "/inference.GRPCInferenceService/ModelMetadata"
+	GRPCInferenceService_ModelInfer_FullMethodName      = "/inference.GRPCInferenceService/ModelInfer"
+	GRPCInferenceService_ModelConfig_FullMethodName     = "/inference.GRPCInferenceService/ModelConfig"
+	GRPCInferenceService_ModelStatistics_FullMethodName = "/inference.GRPCInferenceService/ModelStatistics"
+	GRPCInferenceService_RepositoryIndex_FullMethodName = "/inference.GRPCInferenceService/RepositoryIndex"
 )
 
 // GRPCInferenceServiceClient is the client API for GRPCInferenceService service.
@@ -59,6 +64,16 @@ type GRPCInferenceServiceClient interface {
 	ModelMetadata(ctx context.Context, in *ModelMetadataRequest, opts ...grpc.CallOption) (*ModelMetadataResponse, error)
 	// ModelInfer runs one inference request.
 	ModelInfer(ctx context.Context, in *ModelInferRequest, opts ...grpc.CallOption) (*ModelInferResponse, error)
+	// ModelConfig describes one model in Triton's configuration schema
+	// (Triton extension).
+	ModelConfig(ctx context.Context, in *ModelConfigRequest, opts ...grpc.CallOption) (*ModelConfigResponse, error)
+	// ModelStatistics reports cumulative statistics of one model (version),
+	// or of every model when the name is empty (Triton's statistics
+	// extension).
+	ModelStatistics(ctx context.Context, in *ModelStatisticsRequest, opts ...grpc.CallOption) (*ModelStatisticsResponse, error)
+	// RepositoryIndex lists the models the server serves (Triton's model
+	// repository extension, index only).
+	RepositoryIndex(ctx context.Context, in *RepositoryIndexRequest, opts ...grpc.CallOption) (*RepositoryIndexResponse, error)
 }
 
 type gRPCInferenceServiceClient struct {
@@ -129,6 +144,36 @@ func (c *gRPCInferenceServiceClient) ModelInfer(ctx context.Context, in *ModelIn
 	return out, nil
 }
 
+func (c *gRPCInferenceServiceClient) ModelConfig(ctx context.Context, in *ModelConfigRequest, opts ...grpc.CallOption) (*ModelConfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ModelConfigResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_ModelConfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gRPCInferenceServiceClient) ModelStatistics(ctx context.Context, in *ModelStatisticsRequest, opts ...grpc.CallOption) (*ModelStatisticsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ModelStatisticsResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_ModelStatistics_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gRPCInferenceServiceClient) RepositoryIndex(ctx context.Context, in *RepositoryIndexRequest, opts ...grpc.CallOption) (*RepositoryIndexResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RepositoryIndexResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_RepositoryIndex_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GRPCInferenceServiceServer is the server API for GRPCInferenceService service.
 // All implementations must embed UnimplementedGRPCInferenceServiceServer
 // for forward compatibility.
@@ -150,6 +195,16 @@ type GRPCInferenceServiceServer interface {
 	ModelMetadata(context.Context, *ModelMetadataRequest) (*ModelMetadataResponse, error)
 	// ModelInfer runs one inference request.
 	ModelInfer(context.Context, *ModelInferRequest) (*ModelInferResponse, error)
+	// ModelConfig describes one model in Triton's configuration schema
+	// (Triton extension).
+	ModelConfig(context.Context, *ModelConfigRequest) (*ModelConfigResponse, error)
+	// ModelStatistics reports cumulative statistics of one model (version),
+	// or of every model when the name is empty (Triton's statistics
+	// extension).
+	ModelStatistics(context.Context, *ModelStatisticsRequest) (*ModelStatisticsResponse, error)
+	// RepositoryIndex lists the models the server serves (Triton's model
+	// repository extension, index only).
+	RepositoryIndex(context.Context, *RepositoryIndexRequest) (*RepositoryIndexResponse, error)
 	mustEmbedUnimplementedGRPCInferenceServiceServer()
 }
 
@@ -177,6 +232,15 @@ func (UnimplementedGRPCInferenceServiceServer) ModelMetadata(context.Context, *M
 }
 func (UnimplementedGRPCInferenceServiceServer) ModelInfer(context.Context, *ModelInferRequest) (*ModelInferResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ModelInfer not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) ModelConfig(context.Context, *ModelConfigRequest) (*ModelConfigResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ModelConfig not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) ModelStatistics(context.Context, *ModelStatisticsRequest) (*ModelStatisticsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ModelStatistics not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) RepositoryIndex(context.Context, *RepositoryIndexRequest) (*RepositoryIndexResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RepositoryIndex not implemented")
 }
 func (UnimplementedGRPCInferenceServiceServer) mustEmbedUnimplementedGRPCInferenceServiceServer() {}
 func (UnimplementedGRPCInferenceServiceServer) testEmbeddedByValue()                              {}
@@ -307,6 +371,60 @@ func _GRPCInferenceService_ModelInfer_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GRPCInferenceService_ModelConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ModelConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).ModelConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_ModelConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).ModelConfig(ctx, req.(*ModelConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GRPCInferenceService_ModelStatistics_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ModelStatisticsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).ModelStatistics(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_ModelStatistics_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).ModelStatistics(ctx, req.(*ModelStatisticsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GRPCInferenceService_RepositoryIndex_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RepositoryIndexRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).RepositoryIndex(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_RepositoryIndex_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).RepositoryIndex(ctx, req.(*RepositoryIndexRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // GRPCInferenceService_ServiceDesc is the grpc.ServiceDesc for GRPCInferenceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -337,6 +455,18 @@ var GRPCInferenceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ModelInfer",
 			Handler:    _GRPCInferenceService_ModelInfer_Handler,
+		},
+		{
+			MethodName: "ModelConfig",
+			Handler:    _GRPCInferenceService_ModelConfig_Handler,
+		},
+		{
+			MethodName: "ModelStatistics",
+			Handler:    _GRPCInferenceService_ModelStatistics_Handler,
+		},
+		{
+			MethodName: "RepositoryIndex",
+			Handler:    _GRPCInferenceService_RepositoryIndex_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
