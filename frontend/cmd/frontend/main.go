@@ -101,13 +101,24 @@ var envTwins = map[string]string{
 	"drain-delay":     "RECMESH_FRONTEND_DRAIN_DELAY",
 	"drain-timeout":   "RECMESH_FRONTEND_DRAIN_TIMEOUT",
 	"latency-target":  "RECMESH_LATENCY_TARGET",
+	"steering":        "RECMESH_STEERING",
+	"steering-dir":    "RECMESH_STEERING_DIR",
 	"log-level":       "RECMESH_LOG_LEVEL",
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
-	fs := flag.NewFlagSet("frontend", flag.ContinueOnError)
+	fs := newFlagSet(&c)
 	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	return c, finishFlags(fs, &c)
+}
+
+// newFlagSet defines every flag of the frontend into c.
+func newFlagSet(c *config) *flag.FlagSet {
+	fs := flag.NewFlagSet("frontend", flag.ContinueOnError)
 	fs.StringVar(&c.listen, "listen", "", "gRPC listen address host:port (default: every interface, --port)")
 	fs.IntVar(&c.port, "port", frontend.DefaultPort, "gRPC port, when --listen is not given")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", frontend.DefaultMetricsAddr, "address of /metrics, /healthz and /readyz; \"off\" disables; one per process (host:0 picks a free port)")
@@ -133,11 +144,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			fmt.Fprintf(fs.Output(), "  --%s %s  [$%s]\n    \t%s (default %q)\n", f.Name, name, envTwins[f.Name], usage, f.DefValue)
 		})
 	}
-	if err := fs.Parse(args); err != nil {
-		return c, err
-	}
+	return fs
+}
+
+// finishFlags applies the environment twins of the flags not given and
+// checks the result.
+func finishFlags(fs *flag.FlagSet, c *config) error {
 	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -153,18 +167,18 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 	})
 	if envErr != nil {
-		return c, envErr
+		return envErr
 	}
 	if c.port < 0 || c.port > 65535 {
-		return c, fmt.Errorf("--port: %d is not a port number (0..65535)", c.port)
+		return fmt.Errorf("--port: %d is not a port number (0..65535)", c.port)
 	}
 	if c.listen == "" {
 		c.listen = ":" + strconv.Itoa(c.port)
 	}
 	if c.referenceDelay < 0 {
-		return c, fmt.Errorf("--reference-delay: %v is negative", c.referenceDelay)
+		return fmt.Errorf("--reference-delay: %v is negative", c.referenceDelay)
 	}
-	return c, nil
+	return nil
 }
 
 // flagOf names the flag that sets each frontend.Options field, so that a

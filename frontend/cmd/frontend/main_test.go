@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"io"
 	"net"
 	"os"
@@ -45,6 +46,22 @@ func TestFlagsAndEnvTwins(t *testing.T) {
 	if err != nil || c.listen != "127.0.0.1:7000" {
 		t.Errorf("--listen: %q, %v", c.listen, err)
 	}
+	t.Setenv("RECMESH_STEERING", "kernel-hash")
+	t.Setenv("RECMESH_STEERING_DIR", "/sys/fs/bpf/elsewhere")
+	if c, err = parseFlags(nil, io.Discard); err != nil || c.steering != "kernel-hash" || c.steeringDir != "/sys/fs/bpf/elsewhere" {
+		t.Errorf("steering twins: %q %q, %v", c.steering, c.steeringDir, err)
+	}
+}
+
+// TestEveryFlagHasATwin: a flag without an environment twin cannot be set
+// by compose or Kubernetes, which configure the frontend by environment.
+func TestEveryFlagHasATwin(t *testing.T) {
+	fs := newFlagSet(&config{})
+	fs.VisitAll(func(f *flag.Flag) {
+		if envTwins[f.Name] == "" {
+			t.Errorf("--%s has no environment twin", f.Name)
+		}
+	})
 }
 
 func TestConfigErrorsNameTheFlag(t *testing.T) {
