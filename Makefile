@@ -51,9 +51,13 @@ $(DEPS)/venv.stamp: requirements-dev.txt
 	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
 
+# Go stamps the VCS revision into a binary (telemetry.Version reads it) only
+# outside workspace mode unless asked; ask where there is a checkout.
+BUILDVCS := $(if $(wildcard $(ROOT)/.git),-buildvcs=true)
+
 build: $(DEPS)/go.stamp
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cli/cmd/recmesh ./embedder/cmd/embedder ./accelerator/cmd/accelerator ./frontend/cmd/frontend
+	$(GO) build $(BUILDVCS) -o $(BIN)/ ./cli/cmd/recmesh ./embedder/cmd/embedder ./accelerator/cmd/accelerator ./frontend/cmd/frontend
 
 ## run: the whole mesh on the small default model, until Ctrl-C.
 run: deps build $(DEV_BUNDLE)/model.safetensors

@@ -74,6 +74,9 @@ var Metrics = []Metric{
 	{"recmesh_accelerator_runs_total", Counter, []string{"bucket"}, []string{Accelerator}},
 	{"recmesh_accelerator_predicted_execute_seconds", Gauge, []string{"bucket"}, []string{Accelerator}},
 
+	// The build each process runs (telemetry.Version), on every process.
+	{"recmesh_build_info", Gauge, []string{"service", "version", "revision"}, all},
+
 	// The standard process and Go runtime collectors, on every process.
 	{"process_resident_memory_bytes", Gauge, nil, all},
 	{"process_virtual_memory_bytes", Gauge, nil, all},

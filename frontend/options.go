@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/recmesh/recmesh/frontend/steering"
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/telemetry"
 )
 
 // Defaults for the zero values of Options.
@@ -155,8 +155,8 @@ type Options struct {
 	// request). Default slog.Default().
 	Logger *slog.Logger
 
-	// Version is the server version ServerMetadata reports. Default: the
-	// main module's version from the build info, else "devel".
+	// Version is the server version ServerMetadata reports. Default:
+	// telemetry.Version(), from the build info.
 	Version string
 }
 
@@ -253,16 +253,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.Logger = slog.Default()
 	}
 	if o.Version == "" {
-		o.Version = buildVersion()
+		o.Version = telemetry.Version()
 	}
 	return o, nil
-}
-
-// buildVersion is the main module's version, or "devel" for a build from a
-// work tree.
-func buildVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "devel"
 }

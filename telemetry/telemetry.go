@@ -44,6 +44,7 @@ type Telemetry struct {
 // Options configure New. The zero value is valid.
 type Options struct {
 	// Version is reported as the service.version resource attribute.
+	// Default: Version().
 	Version string
 	// SpanProcessor, if set, replaces the OTLP exporter (tests use an
 	// in-memory exporter).
@@ -66,12 +67,15 @@ func New(ctx context.Context, service string, opts Options) (*Telemetry, error) 
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("service", service)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo(service))
 	t := &Telemetry{Service: service, Log: log, Registry: reg, Tracer: noop.NewTracerProvider()}
 
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	if opts.SpanProcessor == nil && !tracingConfigured() {
 		return t, nil
+	}
+	if opts.Version == "" {
+		opts.Version = Version()
 	}
 	res, err := resource.Merge(resource.Default(), resource.NewWithAttributes(semconv.SchemaURL,
 		semconv.ServiceName(service), semconv.ServiceVersion(opts.Version)))

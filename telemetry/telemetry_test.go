@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -115,5 +116,35 @@ func TestListenRange(t *testing.T) {
 		if _, err := ListenRange(bad); err == nil {
 			t.Errorf("ListenRange(%q) succeeded", bad)
 		}
+	}
+}
+
+// TestReadVersion covers the three ways a binary is built: a tagged
+// module, a build in the repository (clean or with changes), and no VCS
+// stamp at all.
+func TestReadVersion(t *testing.T) {
+	rev := "0123456789abcdef0123456789abcdef01234567"
+	for _, tc := range []struct {
+		name     string
+		bi       *debug.BuildInfo
+		ok       bool
+		version  string
+		revision string
+	}{
+		{"tagged", &debug.BuildInfo{Main: debug.Module{Version: "v1.2.3"}}, true, "v1.2.3", ""},
+		{"repository", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: []debug.BuildSetting{
+			{Key: "vcs.revision", Value: rev}, {Key: "vcs.modified", Value: "false"}}}, true, "devel+0123456789ab", rev},
+		{"dirty", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: []debug.BuildSetting{
+			{Key: "vcs.revision", Value: rev}, {Key: "vcs.modified", Value: "true"}}}, true, "devel+0123456789ab-dirty", rev},
+		{"no stamp", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, true, "devel", ""},
+		{"no build info", nil, false, "devel", ""},
+	} {
+		v, r := readVersion(tc.bi, tc.ok)
+		if v != tc.version || r != tc.revision {
+			t.Errorf("%s: %q, %q; want %q, %q", tc.name, v, r, tc.version, tc.revision)
+		}
+	}
+	if Version() == "" {
+		t.Fatal("empty version")
 	}
 }

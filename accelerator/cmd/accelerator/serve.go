@@ -15,9 +15,6 @@ import (
 	"github.com/recmesh/recmesh/telemetry"
 )
 
-// version is set at link time (-ldflags -X main.version=...).
-var version = "dev"
-
 func runServe(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var c commonFlags
@@ -32,7 +29,7 @@ func runServe(ctx context.Context, args []string) error {
 	if *natsURL == "" {
 		*natsURL = os.Getenv("NATS_URL")
 	}
-	tel, err := telemetry.New(ctx, "recmesh-accelerator", telemetry.Options{Version: version})
+	tel, err := telemetry.New(ctx, "recmesh-accelerator", telemetry.Options{Version: telemetry.Version()})
 	if err != nil {
 		return err
 	}
@@ -66,7 +63,7 @@ func runServe(ctx context.Context, args []string) error {
 			return err
 		}
 		defer nc.Close()
-		svc, err := control.Register(nc, control.ServiceAccelerator, version, func() control.Status {
+		svc, err := control.Register(nc, control.ServiceAccelerator, telemetry.Version(), func() control.Status {
 			st := control.Status{State: "waiting", Generation: srv.Generation(), ModelID: ex.Config().ID(),
 				Detail: fmt.Sprintf("plugin %s (PJRT API %s), %d buckets", rt.PluginFile(), rt.APIVersion(), len(ex.Buckets()))}
 			if st.Generation != 0 {

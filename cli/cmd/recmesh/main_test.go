@@ -39,6 +39,8 @@ func TestDispatch(t *testing.T) {
 		{[]string{"help"}, exitOK, "Commands:"},
 		{[]string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
 		{[]string{"export", "-h"}, exitOK, "RECMESH_MAX_VOCAB"},
+		{[]string{"version"}, exitOK, "recmesh devel"},
+		{[]string{"version", "extra"}, exitUsage, "extra"},
 	} {
 		code, stdout, stderr := runT(t, nil, tc.args...)
 		if code != tc.code || !strings.Contains(stdout+stderr, tc.out) {

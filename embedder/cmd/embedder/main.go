@@ -25,9 +25,6 @@ import (
 	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
 
-// version is set at link time (-ldflags -X main.version=...).
-var version = "dev"
-
 // announceInterval is how often the current generation is re-announced.
 const announceInterval = 2 * time.Second
 
@@ -106,7 +103,7 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	tel, err := telemetry.New(ctx, "recmesh-embedder", telemetry.Options{Version: version})
+	tel, err := telemetry.New(ctx, "recmesh-embedder", telemetry.Options{Version: telemetry.Version()})
 	if err != nil {
 		return err
 	}
@@ -133,7 +130,7 @@ func run(args []string) error {
 		return err
 	}
 	if nc != nil {
-		svc, err := control.Register(nc, control.ServiceEmbedder, version, func() control.Status { return status(e) })
+		svc, err := control.Register(nc, control.ServiceEmbedder, telemetry.Version(), func() control.Status { return status(e) })
 		if err != nil {
 			e.Close()
 			return err

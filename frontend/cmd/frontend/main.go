@@ -43,9 +43,6 @@ import (
 	"github.com/recmesh/recmesh/telemetry"
 )
 
-// version is set at link time (-ldflags -X main.version=...).
-var version = "dev"
-
 // Defaults that are the command's own; the rest come from package frontend.
 const (
 	defaultBundle  = "data/dlrm-cap1000"
@@ -208,7 +205,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--bundle=%s: %w", c.bundle, err)
 	}
-	tel, err := telemetry.New(ctx, control.ServiceFrontend, telemetry.Options{Version: version})
+	tel, err := telemetry.New(ctx, control.ServiceFrontend, telemetry.Options{Version: telemetry.Version()})
 	if err != nil {
 		return err
 	}
@@ -237,7 +234,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	var srv atomic.Pointer[frontend.Server] // set once built, for the status
 	if nc != nil {
-		svc, err := control.Register(nc, control.ServiceFrontend, version, func() control.Status {
+		svc, err := control.Register(nc, control.ServiceFrontend, telemetry.Version(), func() control.Status {
 			st := control.Status{State: "waiting", ModelID: cfg.ID(), Detail: "port " + c.listen}
 			if s := srv.Load(); s != nil && s.SteeringMode() != "" {
 				st.Detail += ", steering " + s.SteeringMode()
