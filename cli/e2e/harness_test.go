@@ -49,7 +49,7 @@ func buildBinaries(t *testing.T) string {
 			return
 		}
 		cmd := exec.Command("go", "build", "-o", binDir+"/",
-			"./embedder/cmd/embedder", "./accelerator/cmd/accelerator", "./frontend/cmd/frontend")
+			"./embedder/cmd/embedder", "./accelerator/cmd/accelerator", "./frontend/cmd/frontend", "./cli/cmd/recmesh")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, out)

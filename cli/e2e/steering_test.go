@@ -7,6 +7,8 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -74,6 +76,16 @@ func TestE2ESteering(t *testing.T) {
 
 	c.kill("frontend-1", syscall.SIGKILL)
 	fresh(40)
+
+	// recmesh predict needs no local bundle: it asks the server's
+	// ModelConfig for the vocabulary (run where no data/ directory is).
+	cmd := exec.Command(filepath.Join(c.bin, "recmesh"), "predict", "--addr", c.addr(), "--batch", "3", "--timeout", "30s")
+	cmd.Dir = t.TempDir()
+	cmd.Env = os.Environ()
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "score[2] = ") {
+		t.Fatalf("recmesh predict without a bundle: %v\n%s", err, out)
+	}
 }
 
 // scrapeGauge reads one gauge family from a process's /metrics, by its
