@@ -50,6 +50,14 @@ var Metrics = []Metric{
 	{"recmesh_frontend_budget_misses_total", Counter, nil, []string{Frontend}},
 	{"recmesh_frontend_steering_mode", Gauge, []string{"mode"}, []string{Frontend}},
 	{"recmesh_frontend_connections", Gauge, nil, []string{Frontend}},
+	// Triton's names for the same counts, for Triton's dashboards.
+	{"nv_inference_request_success", Counter, []string{"model", "version"}, []string{Frontend}},
+	{"nv_inference_request_failure", Counter, []string{"model", "version"}, []string{Frontend}},
+	{"nv_inference_count", Counter, []string{"model", "version"}, []string{Frontend}},
+	{"nv_inference_exec_count", Counter, []string{"model", "version"}, []string{Frontend}},
+	{"nv_inference_request_duration_us", Counter, []string{"model", "version"}, []string{Frontend}},
+	{"nv_inference_queue_duration_us", Counter, []string{"model", "version"}, []string{Frontend}},
+	{"nv_inference_compute_infer_duration_us", Counter, []string{"model", "version"}, []string{Frontend}},
 
 	// Embedder.
 	{"recmesh_embedder_requests_total", Counter, []string{"status"}, []string{Embedder}},

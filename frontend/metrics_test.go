@@ -35,7 +35,27 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range problems {
+		// Triton's names break Prometheus' conventions (no _total, µs in
+		// the name); they are kept as Triton exports them, so Triton's
+		// dashboards read them.
+		if strings.HasPrefix(p.Metric, "nv_inference_") {
+			continue
+		}
 		t.Errorf("metric %s: %s", p.Metric, p.Text)
+	}
+	nv := `
+# HELP nv_inference_count Examples inferred (Triton's name; a request of batch size B counts B).
+# TYPE nv_inference_count counter
+nv_inference_count{model="dlrm",version="1"} 6
+# HELP nv_inference_request_failure Failed inference requests (Triton's name).
+# TYPE nv_inference_request_failure counter
+nv_inference_request_failure{model="dlrm",version="1"} 1
+# HELP nv_inference_request_success Successful inference requests (Triton's name; recmesh counts this frontend's).
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{model="dlrm",version="1"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(nv), "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count"); err != nil {
+		t.Error(err)
 	}
 
 	want := `

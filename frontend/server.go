@@ -77,6 +77,9 @@ func New(opts Options) (*Server, error) {
 		draining: &s.draining,
 		model:    opts.Model,
 	}
+	if err := opts.Registerer.Register(newTritonMetrics(s.svc)); err != nil {
+		return nil, fmt.Errorf("frontend: register Triton's metrics: %w", err)
+	}
 
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvMsgSize(opts.MaxBatch, s.svc.schema.width)),

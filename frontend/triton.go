@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/inference"
 )
@@ -148,4 +150,49 @@ func (st *stats) record(t *callTimes, n int, ok bool, end time.Time) {
 	st.inputNs.Add(uint64(t.acquiring.Sub(t.start) + t.submitted.Sub(t.acquired)))
 	st.inferNs.Add(uint64(t.scored.Sub(t.submitted)))
 	st.outputNs.Add(uint64(t.replied.Sub(t.scored)))
+}
+
+// tritonMetrics exports the statistics under the names Triton's own
+// /metrics uses (nv_inference_*, labelled model and version), so Triton's
+// Grafana dashboards and queue-time autoscalers read a recmesh frontend
+// as they read a Triton server. Durations are cumulative microseconds, as
+// Triton's are.
+type tritonMetrics struct {
+	s     *service
+	descs [7]*prometheus.Desc
+}
+
+func newTritonMetrics(s *service) *tritonMetrics {
+	m := &tritonMetrics{s: s}
+	labels := []string{"model", "version"}
+	for i, d := range [...][2]string{
+		{"nv_inference_request_success", "Successful inference requests (Triton's name; recmesh counts this frontend's)."},
+		{"nv_inference_request_failure", "Failed inference requests (Triton's name)."},
+		{"nv_inference_count", "Examples inferred (Triton's name; a request of batch size B counts B)."},
+		{"nv_inference_exec_count", "Model executions (Triton's name; recmesh counts successful requests)."},
+		{"nv_inference_request_duration_us", "Cumulative end-to-end duration of inference requests, µs (Triton's name)."},
+		{"nv_inference_queue_duration_us", "Cumulative time requests waited for a slot, µs (Triton's name)."},
+		{"nv_inference_compute_infer_duration_us", "Cumulative time of lookup, batching and execution, µs (Triton's name)."},
+	} {
+		m.descs[i] = prometheus.NewDesc(d[0], d[1], labels, nil)
+	}
+	return m
+}
+
+func (m *tritonMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range m.descs {
+		ch <- d
+	}
+}
+
+func (m *tritonMetrics) Collect(ch chan<- prometheus.Metric) {
+	st := &m.s.stats
+	ok, fail := st.success.Load(), st.fail.Load()
+	us := func(ns uint64) float64 { return float64(ns) / 1e3 }
+	for i, v := range [...]float64{
+		float64(ok), float64(fail), float64(st.examples.Load()), float64(ok),
+		us(st.successNs.Load() + st.failNs.Load()), us(st.queueNs.Load()), us(st.inferNs.Load()),
+	} {
+		ch <- prometheus.MustNewConstMetric(m.descs[i], prometheus.CounterValue, v, m.s.schema.name, m.s.schema.version)
+	}
 }

@@ -20,7 +20,8 @@ func TestE2EMetrics(t *testing.T) {
 	w := loadWorkload(t)
 	c := newCluster(t, "full")
 	c.startMesh(1)
-	drive(t, c.addr(), w, 2)
+	calls, _ := drive(t, c.addr(), w, 2)
+	tritonQueries(t, c.metrics["frontend-0"], calls)
 
 	for name, addr := range c.metrics {
 		kind := name
@@ -75,4 +76,48 @@ func hasLabel[L interface{ GetName() string }](labels []L, name string) bool {
 		}
 	}
 	return false
+}
+
+// tritonQueries evaluates, on a scrape of a frontend that answered calls
+// calls, what Triton's own Grafana dashboard plots: successful requests
+// per model, and the average queue and compute time per request
+// (nv_inference_queue_duration_us / nv_inference_request_success).
+func tritonQueries(t *testing.T, addr string, calls int) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := func(name string) float64 {
+		f, ok := families[name]
+		if !ok || len(f.Metric) != 1 {
+			t.Fatalf("%s: want one series, have %v", name, f)
+		}
+		m := f.Metric[0]
+		labels := map[string]string{}
+		for _, l := range m.Label {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["model"] != "dlrm" || labels["version"] != "1" {
+			t.Errorf("%s labels %v, want model=dlrm version=1", name, labels)
+		}
+		return m.GetCounter().GetValue()
+	}
+	ok := value("nv_inference_request_success")
+	if int(ok) != calls || value("nv_inference_request_failure") != 0 {
+		t.Errorf("nv_inference_request_success %v, want the %d calls answered", ok, calls)
+	}
+	queue := value("nv_inference_queue_duration_us") / ok
+	infer := value("nv_inference_compute_infer_duration_us") / ok
+	total := value("nv_inference_request_duration_us") / ok
+	if !(queue >= 0 && infer > 0 && total >= infer+queue) {
+		t.Errorf("per request: queue %.0f µs, compute %.0f µs, total %.0f µs", queue, infer, total)
+	}
 }

@@ -29,8 +29,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/recmesh/recmesh/frontend"
@@ -258,8 +256,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		tp = tel.Tracer
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// telemetry's registry: the Go and process collectors and
+	// recmesh_build_info.
+	reg := tel.Registry
 	server, err := frontend.New(frontend.Options{
 		Listen:         c.listen,
 		MetricsAddr:    c.metricsAddr,
