@@ -222,6 +222,13 @@ func (b *Batcher) Fits(n int, arrival, now time.Time) bool {
 		return false
 	}
 	if b.opts.Mode == SLO && n > 0 {
+		// A batch that runs longer than half the budget makes every request
+		// that arrives while it runs miss: it waits for this batch, then
+		// runs in its own. So a batch grows only to half the budget's
+		// execution time (a request alone may take longer).
+		if b.costs.Exec(b.rows+n) > b.budget()/2 {
+			return false
+		}
 		return !b.finish(b.rows+n, n, now).After(earliest(b.first, arrival).Add(b.budget()))
 	}
 	return true

@@ -316,3 +316,28 @@ func TestFeedbackMovesTheMargin(t *testing.T) {
 		t.Fatalf("a clean window at the floor moved the margin to %v", m)
 	}
 }
+
+// TestSLOCapsABatchAtHalfTheBudget: a batch whose execution takes more
+// than half the budget would make every request arriving meanwhile miss
+// (it waits for this batch, then runs its own), so it stops growing there;
+// a request alone may still take longer.
+func TestSLOCapsABatchAtHalfTheBudget(t *testing.T) {
+	c := &Costs{}
+	for b := 1; b <= 64; b *= 2 {
+		c.SetExec(b, time.Duration(b)*time.Millisecond) // 1 ms per example
+	}
+	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond}, c)
+	// Budget 16 ms: batches up to bucket 8 (8 ms) fit, bucket 16 does not.
+	b.Add(4, t0)
+	if !b.Fits(4, t0, t0) {
+		t.Fatal("a batch of 8 (8 ms, half the 16 ms budget) did not fit")
+	}
+	b.Add(4, t0)
+	if b.Fits(1, t0, t0) {
+		t.Fatal("a batch grew into bucket 16 (16 ms), past half the budget")
+	}
+	b.Reset()
+	if !b.Fits(32, t0, t0) {
+		t.Fatal("an empty batch refused a request that alone takes 32 ms")
+	}
+}

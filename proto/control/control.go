@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -117,12 +119,35 @@ func Register(nc *nats.Conn, service, version string, status func() Status) (mic
 	return svc, nil
 }
 
-// semver makes a version micro accepts ("dev" is not semver).
+// semverRE is SemVer 2.0's grammar, which micro validates versions with.
+var semverRE = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)` +
+	`(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?` +
+	`(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
+
+// semver makes a version micro accepts: a tagged build's v1.2.3 becomes
+// 1.2.3, anything else (telemetry.Version's devel+<revision>-dirty, "")
+// becomes a 0.0.0 pre-release carrying it.
 func semver(v string) string {
-	if v == "" || v == "dev" {
-		return "0.0.0-dev"
+	if t := strings.TrimPrefix(v, "v"); semverRE.MatchString(t) {
+		return t
 	}
-	return v
+	pre, build, _ := strings.Cut(v, "+")
+	clean := func(s string) string {
+		return strings.Trim(strings.Map(func(r rune) rune {
+			if r == '.' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
+				return r
+			}
+			return '-'
+		}, s), ".")
+	}
+	out := "0.0.0-dev"
+	if p := clean(pre); p != "" && semverRE.MatchString("0.0.0-"+p) {
+		out = "0.0.0-" + p
+	}
+	if b := clean(build); b != "" && semverRE.MatchString(out+"+"+b) {
+		out += "+" + b
+	}
+	return out
 }
 
 // PublishAnnounce sends a on SubjectSegment.
