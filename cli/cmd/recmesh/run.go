@@ -1,7 +1,7 @@
 package main
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -33,6 +33,9 @@ func init() {
 // meshReadyTimeout bounds start-up: loading tables and compiling thirteen
 // buckets takes seconds on the small default model.
 const meshReadyTimeout = 3 * time.Minute
+
+// progressEvery is how often a long start-up says it is still going.
+const progressEvery = 10 * time.Second
 
 func runMesh(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
@@ -108,7 +111,7 @@ func runMesh(ctx context.Context, e *env, args []string) error {
 	defer m.stop()
 
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(*port))
-	if err := waitServing(ctx, addr, m.exited); err != nil {
+	if err := waitServing(ctx, addr, m.exited, e.stdout); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, `
@@ -141,44 +144,55 @@ func startNATS() (*natsserver.Server, error) {
 	return ns, nil
 }
 
+// stopGrace is how long a child may take to stop after SIGTERM (a
+// frontend drains its calls) before it is killed.
+const stopGrace = 10 * time.Second
+
 // mesh supervises the child processes.
 type mesh struct {
-	out    io.Writer
-	mu     sync.Mutex
-	procs  []*exec.Cmd
-	names  []string
-	exited chan string
-	wg     sync.WaitGroup
-	outMu  sync.Mutex
+	out      io.Writer
+	grace    time.Duration // SIGTERM to SIGKILL; 0 means stopGrace
+	outMu    sync.Mutex
+	mu       sync.Mutex
+	children []*child
+	exited   chan string
+}
+
+// child is one supervised process. Its command runs under its own
+// context: cancelling it sends SIGTERM, and Wait kills the process when it
+// has not exited stopGrace later (exec.Cmd's Cancel and WaitDelay), so
+// stopping never races the goroutine that waits for it.
+type child struct {
+	name   string
+	cmd    *exec.Cmd
+	cancel context.CancelFunc
+	done   chan struct{} // closed once the process exited and its output is flushed
 }
 
 func (m *mesh) start(name string, env []string, path string, args ...string) error {
-	cmd := exec.Command(path, args...)
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = m.grace
+	if cmd.WaitDelay <= 0 {
+		cmd.WaitDelay = stopGrace
 	}
-	cmd.Stderr = cmd.Stdout
+	dieWithParent(cmd)
+	out := &prefixWriter{m: m, prefix: fmt.Sprintf("%-12s| ", name)}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
+		cancel()
 		return fmt.Errorf("run: start %s: %w", name, err)
 	}
+	c := &child{name: name, cmd: cmd, cancel: cancel, done: make(chan struct{})}
 	m.mu.Lock()
-	m.procs = append(m.procs, cmd)
-	m.names = append(m.names, name)
+	m.children = append(m.children, c)
 	m.mu.Unlock()
-	m.wg.Add(1)
 	go func() {
-		defer m.wg.Done()
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			m.outMu.Lock()
-			fmt.Fprintf(m.out, "%-12s| %s\n", name, sc.Text())
-			m.outMu.Unlock()
-		}
 		_ = cmd.Wait()
+		out.flush()
+		close(c.done)
 		select {
 		case m.exited <- name:
 		default:
@@ -187,43 +201,78 @@ func (m *mesh) start(name string, env []string, path string, args ...string) err
 	return nil
 }
 
-// stop sends SIGTERM to frontends first (they drain), then the
-// accelerator, then the embedder, waiting for each group.
+// stop stops the children in the reverse of their start order: the
+// frontends first (they drain), then the accelerator, then the embedder,
+// each gone before the next is asked.
 func (m *mesh) stop() {
 	m.mu.Lock()
-	procs, names := m.procs, m.names
-	m.procs, m.names = nil, nil
+	children := m.children
+	m.children = nil
 	m.mu.Unlock()
-	for i := len(procs) - 1; i >= 0; i-- {
-		p := procs[i]
-		if p.Process == nil || p.ProcessState != nil {
-			continue
-		}
-		_ = p.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() {
-			for p.ProcessState == nil {
-				time.Sleep(10 * time.Millisecond)
-			}
-			close(done)
-		}()
+	for i := len(children) - 1; i >= 0; i-- {
+		c := children[i]
+		c.cancel()
 		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			fmt.Fprintf(m.out, "mesh: %s did not stop; killing it\n", names[i])
-			_ = p.Process.Kill()
+		case <-c.done:
+		case <-time.After(max(m.grace, stopGrace) + 5*time.Second):
+			fmt.Fprintf(m.out, "mesh: %s did not stop after SIGKILL\n", c.name)
 		}
 	}
-	m.wg.Wait()
+}
+
+// prefixWriter writes a child's output to the mesh's, line by line, each
+// line prefixed with the child's name.
+type prefixWriter struct {
+	m      *mesh
+	prefix string
+	buf    []byte
+}
+
+func (w *prefixWriter) Write(p []byte) (int, error) {
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		w.line(w.buf[:i])
+		w.buf = w.buf[i+1:]
+	}
+	if len(w.buf) > 1<<20 { // a line that never ends: show it anyway
+		w.line(w.buf)
+		w.buf = w.buf[:0]
+	}
+	return len(p), nil
+}
+
+func (w *prefixWriter) flush() {
+	if len(w.buf) > 0 {
+		w.line(w.buf)
+		w.buf = w.buf[:0]
+	}
+}
+
+func (w *prefixWriter) line(b []byte) {
+	w.m.outMu.Lock()
+	defer w.m.outMu.Unlock()
+	fmt.Fprintf(w.m.out, "%s%s\n", w.prefix, b)
 }
 
 // waitServing polls the frontends' gRPC health until SERVING. Frontends
 // listen only once ready (so no call reaches one that is not), so each
 // poll dials anew: a client refused before that would back off for
 // seconds.
-func waitServing(ctx context.Context, addr string, exited <-chan string) error {
-	deadline := time.Now().Add(meshReadyTimeout)
+// It says every progressEvery that it is still waiting, since loading
+// large tables and compiling every bucket can take minutes.
+func waitServing(ctx context.Context, addr string, exited <-chan string, out io.Writer) error {
+	start := time.Now()
+	deadline := start.Add(meshReadyTimeout)
+	next := start.Add(progressEvery)
 	for time.Now().Before(deadline) {
+		if now := time.Now(); now.After(next) {
+			fmt.Fprintf(out, "mesh: still starting after %s (the embedder loads the tables, the accelerator compiles every batch bucket)\n", now.Sub(start).Round(time.Second))
+			next = now.Add(progressEvery)
+		}
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return err
