@@ -83,9 +83,9 @@ func TestComposeServices(t *testing.T) {
 	}
 	// The frontends listen in the embedder's network namespace, so the
 	// embedder publishes their port.
-	fePort, err := strconv.Atoi(env(fe, "RECMESH_FRONTEND_PORT"))
+	fePort, err := strconv.Atoi(env(fe, "RECMESH_PORT"))
 	if err != nil {
-		t.Fatalf("frontend RECMESH_FRONTEND_PORT: %v", err)
+		t.Fatalf("frontend RECMESH_PORT: %v", err)
 	}
 	published := false
 	for _, port := range emb.Ports {
@@ -243,7 +243,7 @@ func TestComposeHealthchecks(t *testing.T) {
 		}
 		var want string
 		if proc == Frontend {
-			want = "--grpc 127.0.0.1:" + env(s, "RECMESH_FRONTEND_PORT")
+			want = "--grpc 127.0.0.1:" + env(s, "RECMESH_PORT")
 		} else {
 			ports, err := metricsPorts(env(s, "RECMESH_METRICS_ADDR"))
 			if err != nil || len(ports) != 1 {

@@ -28,7 +28,7 @@ import (
 
 // Defaults for Options.
 const (
-	DefaultSegment   = "recmesh"
+	DefaultSegment   = shm.DefaultSegment
 	DefaultLanes     = 16
 	DefaultChunk     = 32 // examples per lookup job: big requests spread over workers
 	DefaultStaging   = 2
@@ -141,8 +141,8 @@ func New(opts Options) (*Embedder, error) {
 	if opts.Bundle == "" {
 		return nil, errors.New("embedder: no bundle directory (set --bundle)")
 	}
-	if opts.MaxBatch > 1<<16 {
-		return nil, fmt.Errorf("embedder: max batch %d above 65536 (change --max-batch)", opts.MaxBatch)
+	if opts.MaxBatch > model.MaxBatchLimit {
+		return nil, fmt.Errorf("embedder: max batch %d above %d (change --max-batch)", opts.MaxBatch, model.MaxBatchLimit)
 	}
 	e := &Embedder{opts: opts, m: newMetrics(opts.Registry), log: opts.Log, loads: make(chan loadRequest)}
 	store, err := e.loadStore(opts.Bundle)

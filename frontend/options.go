@@ -37,7 +37,7 @@ const (
 	DefaultMaxBatch = 4096
 	// MaxMaxBatch bounds Options.MaxBatch so that the largest request stays
 	// far below gRPC's 2 GiB message limit.
-	MaxMaxBatch = 1 << 16
+	MaxMaxBatch = model.MaxBatchLimit
 	// DefaultDrainDelay is how long the server keeps serving, unready, after
 	// shutdown begins and before it stops accepting. 0 suits a process that
 	// shares its port through SO_REUSEPORT (the kernel stops routing to it

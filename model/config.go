@@ -32,6 +32,10 @@ const (
 	DevVocabCap = 1000
 	// BenchVocabCap gives the 3.2 GB bundle of the headline benchmark.
 	BenchVocabCap = 850000
+	// MaxBatchLimit bounds every process's --max-batch: the largest request
+	// then stays far below gRPC's 2 GiB message limit, and the largest
+	// batch bucket within what a staging buffer is sized for.
+	MaxBatchLimit = 1 << 16
 )
 
 // Bounds Validate puts on the dense network, so a mistyped config.json is

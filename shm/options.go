@@ -12,6 +12,11 @@ const (
 	// file is then sized in whole huge pages.
 	DefaultDir = "/dev/shm"
 
+	// DefaultSegment is the segment file's name in DefaultDir: the one
+	// name the embedder creates and the accelerator and frontends attach
+	// to unless told otherwise.
+	DefaultSegment = "recmesh"
+
 	// DefaultLanes is the number of frontends one embedder serves at once.
 	DefaultLanes = 8
 	// DefaultRingCapacity entries per ring: four times the slots, so a

@@ -30,7 +30,7 @@ import (
 
 // Defaults for Options.
 const (
-	DefaultSegment = "recmesh"
+	DefaultSegment = shm.DefaultSegment
 	attachRetry    = 50 * time.Millisecond
 )
 

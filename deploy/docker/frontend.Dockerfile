@@ -24,7 +24,7 @@ COPY --from=build /out/frontend /out/recmesh /usr/local/bin/
 USER 65532:65532
 # RECMESH_METRICS_ADDR is a range: replicas that share one network namespace
 # (compose --scale) each bind the first free port in it.
-ENV RECMESH_FRONTEND_PORT=8001 \
+ENV RECMESH_PORT=8001 \
     RECMESH_METRICS_ADDR=:9110-9125 \
     RECMESH_SHM_DIR=/dev/shm \
     OTEL_SERVICE_NAME=recmesh-frontend

@@ -28,7 +28,7 @@ import (
 
 // Defaults for Options.
 const (
-	DefaultSegment = "recmesh"
+	DefaultSegment = shm.DefaultSegment
 	// DefaultFullWait is how long Acquire waits for lane room before it
 	// answers ErrFull (RESOURCE_EXHAUSTED): long enough to ride out a burst,
 	// short against any client deadline.

@@ -47,8 +47,8 @@ func (c *commonFlags) parse(fs *flag.FlagSet, args []string) error {
 }
 
 func (c *commonFlags) validate() error {
-	if c.maxBatch < 1 || c.maxBatch > 1<<16 {
-		return fmt.Errorf("--max-batch %d: want 1..65536", c.maxBatch)
+	if c.maxBatch < 1 || c.maxBatch > model.MaxBatchLimit {
+		return fmt.Errorf("--max-batch %d: want 1..%d", c.maxBatch, model.MaxBatchLimit)
 	}
 	if c.xlaThreads < 0 || c.xlaThreads > 1024 {
 		return fmt.Errorf("--xla-threads %d: want 0 (the usable cores) or 1..1024", c.xlaThreads)

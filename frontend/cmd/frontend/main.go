@@ -39,6 +39,7 @@ import (
 	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"
 	"github.com/recmesh/recmesh/telemetry"
+	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
 
 // Defaults that are the command's own; the rest come from package frontend.
@@ -79,28 +80,6 @@ type config struct {
 	logLevel       slog.Level
 }
 
-// envTwins maps each flag to its environment variable.
-var envTwins = map[string]string{
-	"listen":          "RECMESH_FRONTEND_LISTEN",
-	"port":            "RECMESH_FRONTEND_PORT",
-	"metrics-addr":    "RECMESH_METRICS_ADDR",
-	"model-name":      "RECMESH_MODEL_NAME",
-	"model-version":   "RECMESH_MODEL_VERSION",
-	"max-batch":       "RECMESH_FRONTEND_MAX_BATCH",
-	"bundle":          "RECMESH_BUNDLE",
-	"backend":         "RECMESH_FRONTEND_BACKEND",
-	"shm-dir":         "RECMESH_SHM_DIR",
-	"segment":         "RECMESH_SEGMENT",
-	"nats-url":        "NATS_URL",
-	"reference-delay": "RECMESH_FRONTEND_REFERENCE_DELAY",
-	"drain-delay":     "RECMESH_FRONTEND_DRAIN_DELAY",
-	"drain-timeout":   "RECMESH_FRONTEND_DRAIN_TIMEOUT",
-	"latency-target":  "RECMESH_LATENCY_TARGET",
-	"steering":        "RECMESH_STEERING",
-	"steering-dir":    "RECMESH_STEERING_DIR",
-	"log-level":       "RECMESH_LOG_LEVEL",
-}
-
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
 	fs := newFlagSet(&c)
@@ -124,7 +103,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.backend, "backend", defaultBackend, "model backend: shm (the mesh: a lane of the embedder's shared-memory segment) or reference (development and tests: scores in-process from --bundle)")
 	fs.StringVar(&c.shmDir, "shm-dir", shm.DefaultDir, "shm backend: directory of the embedder's segment")
 	fs.StringVar(&c.segment, "segment", shmbackend.DefaultSegment, "shm backend: segment file name")
-	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server of the control plane (empty: none; new generations are then found by watching the segment file)")
+	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server of the control plane (default $NATS_URL; empty: none, new generations are then found by watching the segment file)")
 	fs.DurationVar(&c.referenceDelay, "reference-delay", 0, "reference backend only, for tests: extra delay per call")
 	fs.DurationVar(&c.drainDelay, "drain-delay", frontend.DefaultDrainDelay, "on SIGTERM, keep serving unready this long before refusing new calls")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", frontend.DefaultDrainTimeout, "on SIGTERM, give calls in flight this long to finish")
@@ -133,11 +112,8 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.DurationVar(&c.latencyTarget, "latency-target", frontend.DefaultLatencyTarget, "latency budget of a call; slower answers count in recmesh_frontend_budget_misses_total and, through the lane, steer the embedder's slo batching")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: frontend [flags]\n\nEvery flag has an environment twin; the command line wins.\n\n")
-		fs.VisitAll(func(f *flag.Flag) {
-			name, usage := flag.UnquoteUsage(f)
-			fmt.Fprintf(fs.Output(), "  --%s %s  [$%s]\n    \t%s (default %q)\n", f.Name, name, envTwins[f.Name], usage, f.DefValue)
-		})
+		fmt.Fprintf(fs.Output(), "usage: frontend [flags]\n\nEvery flag has an environment twin (RECMESH_<FLAG>); the command line wins.\n\n")
+		flagenv.Usage(fs)
 	}
 	return fs
 }
@@ -148,21 +124,11 @@ func finishFlags(fs *flag.FlagSet, c *config) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		env := envTwins[f.Name]
-		v, ok := os.LookupEnv(env)
-		if set[f.Name] || !ok || envErr != nil {
-			return
-		}
-		if err := fs.Set(f.Name, v); err != nil {
-			envErr = fmt.Errorf("$%s=%q: invalid value for --%s: %w", env, v, f.Name, err)
-		}
-	})
-	if envErr != nil {
-		return envErr
+	if err := flagenv.Apply(fs, os.Getenv); err != nil {
+		return err
+	}
+	if c.natsURL == "" {
+		c.natsURL = os.Getenv("NATS_URL") // the variable NATS' own tools read
 	}
 	if c.port < 0 || c.port > 65535 {
 		return fmt.Errorf("--port: %d is not a port number (0..65535)", c.port)

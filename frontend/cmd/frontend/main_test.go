@@ -11,14 +11,17 @@ import (
 	"time"
 
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
 
 // clearEnv unsets every environment twin for the test.
 func clearEnv(t *testing.T) {
-	for _, env := range envTwins {
+	newFlagSet(&config{}).VisitAll(func(f *flag.Flag) {
+		env := flagenv.Name(f.Name)
 		t.Setenv(env, "")
 		os.Unsetenv(env)
-	}
+	})
+	t.Setenv("NATS_URL", "")
 }
 
 func TestFlagsAndEnvTwins(t *testing.T) {
@@ -32,9 +35,9 @@ func TestFlagsAndEnvTwins(t *testing.T) {
 		t.Errorf("defaults: %+v", c)
 	}
 
-	t.Setenv("RECMESH_FRONTEND_PORT", "9000")
+	t.Setenv("RECMESH_PORT", "9000")
 	t.Setenv("RECMESH_MODEL_NAME", "ranker")
-	t.Setenv("RECMESH_FRONTEND_DRAIN_DELAY", "2s")
+	t.Setenv("RECMESH_DRAIN_DELAY", "2s")
 	c, err = parseFlags([]string{"--model-name=explicit"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -53,13 +56,29 @@ func TestFlagsAndEnvTwins(t *testing.T) {
 	}
 }
 
-// TestEveryFlagHasATwin: a flag without an environment twin cannot be set
-// by compose or Kubernetes, which configure the frontend by environment.
-func TestEveryFlagHasATwin(t *testing.T) {
+// TestOneConfigurationScheme: every flag's twin is RECMESH_<FLAG>, as for
+// every other recmesh binary; RECMESH_MAX_BATCH (which compose sets for
+// the whole mesh) reaches --max-batch, and NATS_URL still names the
+// control plane when RECMESH_NATS_URL does not.
+func TestOneConfigurationScheme(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("RECMESH_MAX_BATCH", "512")
+	t.Setenv("NATS_URL", "nats://from-nats-url:4222")
+	c, err := parseFlags(nil, io.Discard)
+	if err != nil || c.maxBatch != 512 || c.natsURL != "nats://from-nats-url:4222" {
+		t.Fatalf("max batch %d, nats %q, %v", c.maxBatch, c.natsURL, err)
+	}
+	t.Setenv("RECMESH_NATS_URL", "nats://from-recmesh:4222")
+	if c, err = parseFlags(nil, io.Discard); err != nil || c.natsURL != "nats://from-recmesh:4222" {
+		t.Fatalf("RECMESH_NATS_URL: %q, %v", c.natsURL, err)
+	}
+	var usage strings.Builder
 	fs := newFlagSet(&config{})
+	fs.SetOutput(&usage)
+	fs.Usage()
 	fs.VisitAll(func(f *flag.Flag) {
-		if envTwins[f.Name] == "" {
-			t.Errorf("--%s has no environment twin", f.Name)
+		if !strings.Contains(usage.String(), "environment: "+flagenv.Name(f.Name)) {
+			t.Errorf("-h does not name --%s's twin %s", f.Name, flagenv.Name(f.Name))
 		}
 	})
 }
@@ -81,8 +100,8 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		args []string
 		want string // the error's prefix
 	}{
-		{"bad env twin", map[string]string{"RECMESH_FRONTEND_MAX_BATCH": "many"}, nil,
-			`$RECMESH_FRONTEND_MAX_BATCH="many": invalid value for --max-batch`},
+		{"bad env twin", map[string]string{"RECMESH_MAX_BATCH": "many"}, nil,
+			`invalid value "many" for RECMESH_MAX_BATCH (flag -max-batch)`},
 		{"bad port", nil, []string{"--port=70000"}, "--port: 70000 is not a port number"},
 		{"stray argument", nil, []string{"serve"}, `unexpected argument "serve"`},
 		{"negative reference delay", nil, []string{"--reference-delay=-1s"}, "--reference-delay: -1s is negative"},
