@@ -297,3 +297,31 @@ func TestCreateReserveAndMode(t *testing.T) {
 		t.Fatalf("file size %d for a %d-byte layout", fi.Size(), s.lay.total)
 	}
 }
+
+// TestFileIdentityFollowsTheFile: a file renamed over the path (a new
+// generation's segment) changes the identity; the same file keeps it.
+func TestFileIdentityFollowsTheFile(t *testing.T) {
+	dir := t.TempDir()
+	path, next := filepath.Join(dir, "seg"), filepath.Join(dir, "seg.next")
+	for _, p := range []string{path, next} {
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := FileIdentity(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := FileIdentity(path); again != a {
+		t.Fatalf("identity of the same file moved: %d, %d", a, again)
+	}
+	if err := os.Rename(next, path); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := FileIdentity(path); err != nil || b == a {
+		t.Fatalf("identity after a rename over the path: %d (was %d), %v", b, a, err)
+	}
+	if _, err := FileIdentity(filepath.Join(dir, "missing")); err == nil {
+		t.Fatal("a missing file has an identity")
+	}
+}

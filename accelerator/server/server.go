@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -125,7 +124,7 @@ func (s *Server) Run(ctx context.Context) error {
 	t := time.NewTicker(attachRetry)
 	defer t.Stop()
 	for {
-		ino, statErr := inode(s.Path())
+		ino, statErr := shm.FileIdentity(s.Path())
 		if statErr == nil && (active == 0 || ino != lastIno) {
 			seg, ex, err := s.attach()
 			if err == nil {
@@ -154,14 +153,6 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
-}
-
-func inode(path string) (uint64, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return 0, err
-	}
-	return st.Ino, nil
 }
 
 // serveGeneration serves one attached segment with ex until it ends.

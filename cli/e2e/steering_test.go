@@ -182,8 +182,9 @@ func churnLoad(t *testing.T, addr string, w *workload, clients, callsPerConn int
 // scaleUnderLoad runs the mesh with frontends in the given steering mode
 // and one frontend that never gets ready, under churning closed-loop load:
 // scales from 2 to 5 frontends, measures how evenly in-flight calls spread
-// over the 5, scales back to 2 with SIGTERM (graceful drains), and counts
-// every call that failed.
+// over the 5 (40 clients: 8 connections each, so one connection more or
+// less moves a frontend by an eighth), scales back to 2 with SIGTERM
+// (graceful drains), and counts every call that failed.
 func scaleUnderLoad(t *testing.T, mode string) scaleRun {
 	w := loadWorkload(t)
 	c := newCluster(t, "model")
@@ -201,7 +202,7 @@ func scaleUnderLoad(t *testing.T, mode string) scaleRun {
 	}
 
 	stop := make(chan struct{})
-	l, wg := churnLoad(t, c.addr(), w, 20, 30, stop)
+	l, wg := churnLoad(t, c.addr(), w, 40, 30, stop)
 	time.Sleep(time.Second)
 	for i := 2; i < run.frontendsMax; i++ {
 		name := fmt.Sprintf("frontend-%d", i)

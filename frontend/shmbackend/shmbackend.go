@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -175,7 +174,7 @@ func (b *Backend) attach(ctx context.Context) (*attachment, error) {
 		seg.Close()
 		return nil, err
 	}
-	ino, _ := inode(path)
+	ino, _ := shm.FileIdentity(path)
 	actx, stop := context.WithCancel(ctx)
 	a := &attachment{b: b, seg: seg, lane: lane, ino: ino, dead: make(chan struct{}), stop: stop}
 	a.slots = make([]slotHandle, seg.Geometry().SlotsPerLane)
@@ -187,14 +186,6 @@ func (b *Backend) attach(ctx context.Context) (*attachment, error) {
 	go func() { defer a.loops.Done(); a.readCompletions(actx) }()
 	a.accel.Store(seg.AcceleratorAlive(0) == nil)
 	return a, nil
-}
-
-func inode(path string) (uint64, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return 0, err
-	}
-	return st.Ino, nil
 }
 
 // manage keeps an attachment to the newest live generation.
@@ -269,7 +260,7 @@ func (b *Backend) replaced(a *attachment) bool {
 	if a.seg.State() != shm.StateReady {
 		return true
 	}
-	ino, err := inode(b.Path())
+	ino, err := shm.FileIdentity(b.Path())
 	return err == nil && ino != a.ino
 }
 
