@@ -18,6 +18,18 @@ func Name(flagName string) string {
 	return Prefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// PrintConfigFlag is the flag DefinePrintConfig adds.
+const PrintConfigFlag = "print-config"
+
+// DefinePrintConfig adds -print-config to fs: Apply then prints every
+// flag's value as the command would use it (command line, then environment
+// twins, then defaults) and returns flag.ErrHelp, so the command exits as
+// it does after -h. Operators see the effective configuration; tests check
+// that each variable reaches its flag.
+func DefinePrintConfig(fs *flag.FlagSet) {
+	fs.Bool(PrintConfigFlag, false, "print every flag's value after the environment twins, then exit")
+}
+
 // Apply sets each flag of fs that the command line (already parsed into fs)
 // did not set from its environment twin, read with getenv. An empty
 // variable counts as unset. A value the flag refuses is an error naming
@@ -27,7 +39,7 @@ func Apply(fs *flag.FlagSet, getenv func(string) string) error {
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		if err != nil || given[f.Name] {
+		if err != nil || given[f.Name] || f.Name == PrintConfigFlag {
 			return
 		}
 		env := Name(f.Name)
@@ -39,7 +51,25 @@ func Apply(fs *flag.FlagSet, getenv func(string) string) error {
 			err = fmt.Errorf("invalid value %q for %s (flag -%s): %v", v, env, f.Name, e)
 		}
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	if f := fs.Lookup(PrintConfigFlag); f != nil && f.Value.String() == "true" {
+		PrintConfig(fs)
+		return flag.ErrHelp
+	}
+	return nil
+}
+
+// PrintConfig writes one line per flag of fs to its output:
+// "-name=value (ENV)".
+func PrintConfig(fs *flag.FlagSet) {
+	w := fs.Output()
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != PrintConfigFlag {
+			fmt.Fprintf(w, "-%s=%s (%s)\n", f.Name, f.Value.String(), Name(f.Name))
+		}
+	})
 }
 
 // Usage prints fs's flags like flag.PrintDefaults, each followed by its
@@ -47,6 +77,10 @@ func Apply(fs *flag.FlagSet, getenv func(string) string) error {
 func Usage(fs *flag.FlagSet) {
 	w := fs.Output()
 	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == PrintConfigFlag {
+			fmt.Fprintf(w, "  -%s\n    \t%s\n", f.Name, f.Usage)
+			return
+		}
 		name, usage := flag.UnquoteUsage(f)
 		line := "  -" + f.Name
 		if name != "" {

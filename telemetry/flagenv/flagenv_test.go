@@ -57,3 +57,38 @@ func TestUsage(t *testing.T) {
 		t.Errorf("Usage printed\n%q\nwant\n%q", buf.String(), want)
 	}
 }
+
+// TestPrintConfig: -print-config prints what the environment made of each
+// flag and stops the command as -h does; RECMESH_PRINT_CONFIG does not
+// turn it on.
+func TestPrintConfig(t *testing.T) {
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	var out bytes.Buffer
+	fs.SetOutput(&out)
+	fs.Int("max-batch", 4096, "")
+	fs.String("bundle", "data/b", "")
+	DefinePrintConfig(fs)
+	env := map[string]string{"RECMESH_MAX_BATCH": "512", "RECMESH_PRINT_CONFIG": "true"}
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := Apply(fs, func(k string) string { return env[k] }); err != nil {
+		t.Fatalf("RECMESH_PRINT_CONFIG alone printed the config: %v", err)
+	}
+	fs2 := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs2.SetOutput(&out)
+	fs2.Int("max-batch", 4096, "")
+	fs2.String("bundle", "data/b", "")
+	DefinePrintConfig(fs2)
+	if err := fs2.Parse([]string{"-print-config", "-bundle=/m"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Apply(fs2, func(k string) string { return env[k] }); err != flag.ErrHelp {
+		t.Fatalf("Apply = %v, want flag.ErrHelp", err)
+	}
+	for _, want := range []string{"-max-batch=512 (RECMESH_MAX_BATCH)\n", "-bundle=/m (RECMESH_BUNDLE)\n"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("printed %q, want %q", out.String(), want)
+		}
+	}
+}

@@ -37,6 +37,9 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 // parse reads the command line, then the environment twins (RECMESH_<FLAG>;
 // a malformed value is an error naming the variable), then checks c.
 func (c *commonFlags) parse(fs *flag.FlagSet, args []string) error {
+	if fs.Lookup(flagenv.PrintConfigFlag) == nil {
+		flagenv.DefinePrintConfig(fs)
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

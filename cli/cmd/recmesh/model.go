@@ -49,7 +49,27 @@ func runModel(ctx context.Context, e *env, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	start := time.Now()
+	// A large bundle takes minutes (tables mapped, every bucket compiled):
+	// say so every progressEvery, so the wait does not look hung.
+	stopProgress := make(chan struct{})
+	progressDone := make(chan struct{})
+	go func() {
+		defer close(progressDone)
+		t := time.NewTicker(progressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopProgress:
+				return
+			case now := <-t.C:
+				fmt.Fprintf(e.stderr, "model load: still loading %s after %s (the embedder maps the tables, the accelerator compiles every batch bucket)\n",
+					dir, now.Sub(start).Round(time.Second))
+			}
+		}
+	}()
 	rep, err := control.Call(ctx, nc, control.SubjectModelLoad, control.LoadRequest{Bundle: dir})
+	close(stopProgress)
+	<-progressDone
 	if err != nil {
 		return fmt.Errorf("model load: %w (the previous model keeps serving)", err)
 	}

@@ -75,6 +75,7 @@ func run(args []string) error {
 		fmt.Fprintln(fs.Output(), "usage: embedder [flags]")
 		flagenv.Usage(fs)
 	}
+	flagenv.DefinePrintConfig(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

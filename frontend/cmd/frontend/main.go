@@ -111,6 +111,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.steeringDir, "steering-dir", steering.DefaultPinRoot, "ebpf steering: bpffs directory where the port's frontends pin their shared maps")
 	fs.DurationVar(&c.latencyTarget, "latency-target", frontend.DefaultLatencyTarget, "latency budget of a call; slower answers count in recmesh_frontend_budget_misses_total and, through the lane, steer the embedder's slo batching")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	flagenv.DefinePrintConfig(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: frontend [flags]\n\nEvery flag has an environment twin (RECMESH_<FLAG>); the command line wins.\n\n")
 		flagenv.Usage(fs)
