@@ -120,6 +120,12 @@ type Options struct {
 	// SteeringKernelHash. The frontend command defaults to SteeringAuto.
 	Steering string
 
+	// TLSCert and TLSKey, PEM files, turn on TLS for the gRPC port;
+	// TLSClientCA, a PEM bundle, also requires every client to present a
+	// certificate it signed (mutual TLS). The files are re-read when they
+	// change, so certificates rotate without a restart. Default: plaintext.
+	TLSCert, TLSKey, TLSClientCA string
+
 	// SteeringDir is the bpffs directory under which eBPF steering pins
 	// its maps, one subdirectory per port. Default steering.DefaultPinRoot.
 	SteeringDir string
@@ -213,6 +219,12 @@ func (o Options) withDefaults() (Options, error) {
 	case SteeringOff, SteeringAuto, SteeringEBPF, SteeringKernelHash:
 	default:
 		return o, optionErr("Steering", "%q: want %q, %q, %q or empty (off)", o.Steering, SteeringAuto, SteeringEBPF, SteeringKernelHash)
+	}
+	if (o.TLSCert == "") != (o.TLSKey == "") {
+		return o, optionErr("TLSCert", "a certificate needs its key and a key its certificate (got cert %q, key %q)", o.TLSCert, o.TLSKey)
+	}
+	if o.TLSClientCA != "" && o.TLSCert == "" {
+		return o, optionErr("TLSClientCA", "mutual TLS needs the server's own certificate and key too")
 	}
 	if o.SteeringDir == "" {
 		o.SteeringDir = steering.DefaultPinRoot

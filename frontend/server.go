@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -84,6 +85,13 @@ func New(opts Options) (*Server, error) {
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvMsgSize(opts.MaxBatch, s.svc.schema.width)),
 		grpc.ChainStreamInterceptor(s.endStreamsOnDrain),
+	}
+	if opts.TLSCert != "" {
+		files, err := newTLSFiles(opts.TLSCert, opts.TLSKey, opts.TLSClientCA)
+		if err != nil {
+			return nil, &OptionError{Option: "TLSCert", Err: err}
+		}
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(files.config())))
 	}
 	if opts.TracerProvider != nil {
 		sopts = append(sopts, grpc.StatsHandler(otelgrpc.NewServerHandler(

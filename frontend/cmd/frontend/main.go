@@ -77,6 +77,9 @@ type config struct {
 	latencyTarget  time.Duration
 	steering       string
 	steeringDir    string
+	tlsCert        string
+	tlsKey         string
+	tlsClientCA    string
 	logLevel       slog.Level
 }
 
@@ -108,6 +111,9 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.DurationVar(&c.drainDelay, "drain-delay", frontend.DefaultDrainDelay, "on SIGTERM, keep serving unready this long before refusing new calls")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", frontend.DefaultDrainTimeout, "on SIGTERM, give calls in flight this long to finish")
 	fs.StringVar(&c.steering, "steering", frontend.SteeringAuto, "how the port's frontends share new connections: auto (ebpf where this process may load it, else kernel-hash), ebpf (the least loaded ready frontend; needs CAP_BPF and CAP_NET_ADMIN and a bpffs), kernel-hash (the kernel's hash; listen only once ready)")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "PEM certificate of the gRPC port (with --tls-key turns on TLS; re-read when it changes)")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&c.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require clients to present a certificate it signed (mutual TLS)")
 	fs.StringVar(&c.steeringDir, "steering-dir", steering.DefaultPinRoot, "ebpf steering: bpffs directory where the port's frontends pin their shared maps")
 	fs.DurationVar(&c.latencyTarget, "latency-target", frontend.DefaultLatencyTarget, "latency budget of a call; slower answers count in recmesh_frontend_budget_misses_total and, through the lane, steer the embedder's slo batching")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
@@ -157,6 +163,8 @@ var flagOf = map[string]string{
 	"LatencyTarget": "--latency-target",
 	"Steering":      "--steering",
 	"SteeringDir":   "--steering-dir",
+	"TLSCert":       "--tls-cert / --tls-key",
+	"TLSClientCA":   "--tls-client-ca",
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
@@ -239,6 +247,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		LatencyTarget:  c.latencyTarget,
 		Steering:       c.steering,
 		SteeringDir:    c.steeringDir,
+		TLSCert:        c.tlsCert,
+		TLSKey:         c.tlsKey,
+		TLSClientCA:    c.tlsClientCA,
 		Registerer:     reg,
 		Gatherer:       reg,
 		Logger:         log,
