@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,9 +31,11 @@ type steered struct {
 	reason string                    // why eBPF is not used, in kernel-hash mode
 	conns  interface{ Add(float64) } // the connections gauge; may be nil
 
-	mu     sync.Mutex
-	group  *steering.Group
-	member *steering.Member
+	mu    sync.Mutex // serialises listen, setReady and close
+	group *steering.Group
+	// member is read on every call (in-flight counts) and accept: an
+	// atomic pointer, so the hot path takes no lock.
+	member atomic.Pointer[steering.Member]
 	lis    net.Listener
 }
 
@@ -117,16 +120,18 @@ func (s *steered) listen() (net.Listener, error) {
 		return nil, err
 	}
 	if s.group != nil {
+		var m *steering.Member
 		var jerr error
 		rc, err := lis.(*net.TCPListener).SyscallConn()
 		if err == nil {
-			err = rc.Control(func(fd uintptr) { s.member, jerr = s.group.Join(int(fd)) })
+			err = rc.Control(func(fd uintptr) { m, jerr = s.group.Join(int(fd)) })
 		}
 		if err = errors.Join(err, jerr); err != nil {
 			lis.Close()
 			return nil, fmt.Errorf("join the steering group: %w", err)
 		}
-		s.member.SetReady(true)
+		m.SetReady(true)
+		s.member.Store(m)
 	}
 	s.lis = &countingListener{Listener: lis, s: s, gauge: s.conns}
 	return s.lis, nil
@@ -137,22 +142,16 @@ func (s *steered) listen() (net.Listener, error) {
 func (s *steered) setReady(ready bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.member != nil {
-		s.member.SetReady(ready)
+	if m := s.member.Load(); m != nil {
+		m.SetReady(ready)
 	}
 }
 
 // addInflight moves the slot's in-flight count (eBPF mode).
 func (s *steered) addInflight(d int32) {
-	if m := s.loadMember(); m != nil {
+	if m := s.member.Load(); m != nil {
 		m.AddInflight(d)
 	}
-}
-
-func (s *steered) loadMember() *steering.Member {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.member
 }
 
 // sweep clears the slots of frontends that died, until stop closes.
@@ -168,7 +167,7 @@ func (s *steered) sweep(stop <-chan struct{}) {
 			return
 		case <-t.C:
 			s.group.Sweep()
-			if m := s.loadMember(); m != nil {
+			if m := s.member.Load(); m != nil {
 				m.ForgetPending()
 			}
 		}
@@ -180,9 +179,8 @@ func (s *steered) sweep(stop <-chan struct{}) {
 func (s *steered) close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.member != nil {
-		s.member.Leave()
-		s.member = nil
+	if m := s.member.Swap(nil); m != nil {
+		m.Leave()
 	}
 	if s.group != nil {
 		s.group.Close()
@@ -207,7 +205,7 @@ func (l *countingListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := l.s.loadMember()
+	m := l.s.member.Load()
 	if m != nil {
 		m.Accepted()
 	}

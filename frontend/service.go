@@ -57,7 +57,7 @@ func (s *service) ModelReady(_ context.Context, req *inference.ModelReadyRequest
 // ServerMetadata lists the Triton extensions recmesh serves: statistics
 // and the model repository's index (triton.go).
 func (s *service) ServerMetadata(context.Context, *inference.ServerMetadataRequest) (*inference.ServerMetadataResponse, error) {
-	return &inference.ServerMetadataResponse{Name: ServerName, Version: s.version, Extensions: Extensions}, nil
+	return &inference.ServerMetadataResponse{Name: ServerName, Version: s.version, Extensions: extensions()}, nil
 }
 
 // ModelMetadata describes the tensors of decode.go. The sparse input is

@@ -18,8 +18,8 @@ import (
 // and dashboards read ModelStatistics, and clients list models with
 // RepositoryIndex. They report this frontend's model as a Triton model.
 
-// Extensions are the protocol extensions ServerMetadata lists.
-var Extensions = []string{"statistics", "model_repository"}
+// extensions are the protocol extensions ServerMetadata lists.
+func extensions() []string { return []string{"statistics", "model_repository"} }
 
 // PlatformBackend is what ModelConfig names as the model's backend.
 const PlatformBackend = "recmesh"

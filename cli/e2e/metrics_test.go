@@ -1,11 +1,11 @@
 package e2e
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -28,17 +28,7 @@ func TestE2EMetrics(t *testing.T) {
 		if strings.HasPrefix(name, "frontend") {
 			kind = deploy.Frontend
 		}
-		resp, err := http.Get("http://" + addr + "/metrics")
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		parser := expfmt.NewTextParser(model.UTF8Validation)
-		families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
-		if err != nil {
-			t.Fatalf("%s: parse /metrics: %v", name, err)
-		}
+		families := scrape(t, addr)
 		for _, m := range deploy.Metrics {
 			if !contains(m.Processes, kind) {
 				continue
@@ -84,17 +74,7 @@ func hasLabel[L interface{ GetName() string }](labels []L, name string) bool {
 // (nv_inference_queue_duration_us / nv_inference_request_success).
 func tritonQueries(t *testing.T, addr string, calls int) {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	families := scrape(t, addr)
 	value := func(name string) float64 {
 		f, ok := families[name]
 		if !ok || len(f.Metric) != 1 {
@@ -120,4 +100,20 @@ func tritonQueries(t *testing.T, addr string, calls int) {
 	if !(queue >= 0 && infer > 0 && total >= infer+queue) {
 		t.Errorf("per request: queue %.0f µs, compute %.0f µs, total %.0f µs", queue, infer, total)
 	}
+}
+
+// scrape reads and parses a process's /metrics.
+func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics of %s: %v", addr, err)
+	}
+	return families
 }

@@ -170,21 +170,14 @@ func (g *Group) Close() {
 		_ = unix.Munmap(g.mem)
 		g.mem = nil
 	}
-	for _, c := range []interface{ Close() error }{g.prog, g.socks, g.state, g.owners} {
-		if c != nil && !isNilCloser(c) {
-			_ = c.Close()
+	if g.prog != nil {
+		g.prog.Close()
+	}
+	for _, m := range []*ebpf.Map{g.socks, g.state, g.owners} {
+		if m != nil {
+			m.Close()
 		}
 	}
-}
-
-func isNilCloser(c interface{ Close() error }) bool {
-	switch v := c.(type) {
-	case *ebpf.Map:
-		return v == nil
-	case *ebpf.Program:
-		return v == nil
-	}
-	return false
 }
 
 func (g *Group) word(slot, off int) *uint32 {
