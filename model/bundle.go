@@ -326,3 +326,13 @@ func (b *Bundle) Advise(advice int) error {
 	}
 	return nil
 }
+
+// ReadConfig reads and validates dir's config.json without mapping the
+// weights: enough to size a bundle before loading it.
+func ReadConfig(dir string) (Config, error) {
+	cfg, err := readConfig(filepath.Join(dir, ConfigFile))
+	if err != nil {
+		return Config{}, fmt.Errorf("model: bundle %s: %w", dir, err)
+	}
+	return cfg, nil
+}

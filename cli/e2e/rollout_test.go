@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,8 +45,9 @@ func TestE2ERollout(t *testing.T) {
 	c.natsURL = startNATS(t)
 	c.startMesh(2)
 
-	// The new model: same shapes, other weights (seed 12).
-	newDir := t.TempDir()
+	// The new model: same shapes, other weights (seed 12), under the
+	// model root rollouts may load from.
+	newDir := filepath.Join(c.modelRoot, "seed12")
 	if err := model.Export(context.Background(), newDir, model.DLRMv2(model.DevVocabCap), 12, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +84,10 @@ func TestE2ERollout(t *testing.T) {
 	defer cancel()
 
 	// A broken rollout first: the old model must keep serving.
-	if _, err := control.Call(ctx, nc, control.SubjectModelLoad, control.LoadRequest{Bundle: t.TempDir()}); err == nil {
+	if err := os.Mkdir(filepath.Join(c.modelRoot, "empty"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := control.Call(ctx, nc, control.SubjectModelLoad, control.LoadRequest{Bundle: "empty"}); err == nil {
 		t.Fatal("rollout of an empty directory succeeded")
 	} else if !strings.Contains(err.Error(), "config.json") {
 		t.Errorf("rollout error %q does not say what is wrong with the bundle", err)

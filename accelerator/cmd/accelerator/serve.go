@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
+	"sync/atomic"
 
 	"github.com/recmesh/recmesh/accelerator/device"
 	"github.com/recmesh/recmesh/accelerator/executor"
@@ -23,11 +26,20 @@ func runServe(ctx context.Context, args []string) error {
 	segment := fs.String("segment", server.DefaultSegment, "segment file name")
 	metricsAddr := fs.String("metrics-addr", ":9103", "address of /metrics and /healthz (empty: off)")
 	natsURL := fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: none)")
+	modelRoot := fs.String("model-root", "", "directory rollouts may load bundles from, where the serving model is recorded (empty: the directory holding --bundle)")
 	if err := c.parse(fs, args); err != nil {
 		return err
 	}
 	if *natsURL == "" {
 		*natsURL = os.Getenv("NATS_URL")
+	}
+	root, err := model.OpenRoot(cmp.Or(*modelRoot, filepath.Dir(c.bundle)))
+	if err != nil {
+		return fmt.Errorf("--model-root: %w", err)
+	}
+	startBundle, resumed, err := root.StartBundle(c.bundle)
+	if err != nil {
+		return err
 	}
 	tel, err := telemetry.New(ctx, "recmesh-accelerator", telemetry.Options{Version: telemetry.Version()})
 	if err != nil {
@@ -35,7 +47,10 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	defer tel.Shutdown(context.Background())
 
-	bundle, err := model.Open(c.bundle)
+	if resumed {
+		tel.Log.Info("serving the rolled-out model recorded in the model root", "bundle", startBundle, "record", filepath.Join(root.Dir(), model.ServingFile), "flag_bundle", c.bundle)
+	}
+	bundle, err := model.Open(startBundle)
 	if err != nil {
 		return err
 	}
@@ -75,8 +90,20 @@ func runServe(ctx context.Context, args []string) error {
 			return err
 		}
 		defer svc.Stop()
+		// One compilation at a time: each holds a second program and its
+		// weights on the device.
+		var busy atomic.Bool
 		err = control.Serve(svc, "prepare", control.SubjectPrepare, func(req control.LoadRequest) control.LoadReply {
-			next, err := compile(ctx, req.Bundle, rt, c.executorOptions(tel.Log))
+			if !busy.CompareAndSwap(false, true) {
+				return control.LoadReply{Error: "accelerator: busy: another rollout is compiling"}
+			}
+			defer busy.Store(false)
+			dir, err := root.Resolve(req.Bundle)
+			if err != nil {
+				tel.Log.Error("prepare refused", "bundle", req.Bundle, "err", err)
+				return control.LoadReply{Error: "accelerator: " + err.Error()}
+			}
+			next, err := compile(ctx, dir, rt, c.executorOptions(tel.Log))
 			if err != nil {
 				tel.Log.Error("prepare failed", "bundle", req.Bundle, "err", err)
 				return control.LoadReply{Error: err.Error()}

@@ -6,12 +6,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 
 	"github.com/recmesh/recmesh/embedder"
 	"github.com/recmesh/recmesh/embedder/batch"
+	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"
 	"github.com/recmesh/recmesh/telemetry"
@@ -58,7 +61,8 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("embedder", flag.ContinueOnError)
 	var (
-		bundle      = fs.String("bundle", "data/dlrm-cap1000", "model bundle directory")
+		bundle      = fs.String("bundle", "data/dlrm-cap1000", "model bundle directory (until a rollout records another in the model root)")
+		modelRoot   = fs.String("model-root", "", "directory rollouts may load bundles from, and where the serving model is recorded (empty: the directory holding --bundle)")
 		shmDir      = fs.String("shm-dir", shm.DefaultDir, "directory of the shared-memory segment (/dev/shm or a hugetlbfs mount)")
 		segment     = fs.String("segment", embedder.DefaultSegment, "segment file name")
 		lanes       = fs.Int("lanes", embedder.DefaultLanes, "frontend lanes (frontends that can attach at once)")
@@ -102,6 +106,15 @@ func run(args []string) error {
 		return fmt.Errorf("--latency-target %v: want 1ms..1m", *target)
 	}
 
+	root, err := model.OpenRoot(cmp.Or(*modelRoot, filepath.Dir(*bundle)))
+	if err != nil {
+		return fmt.Errorf("--model-root: %w", err)
+	}
+	startBundle, resumed, err := root.StartBundle(*bundle)
+	if err != nil {
+		return err
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	tel, err := telemetry.New(ctx, "recmesh-embedder", telemetry.Options{Version: telemetry.Version()})
@@ -122,8 +135,11 @@ func run(args []string) error {
 			_ = control.PublishAnnounce(nc, control.Announce{Path: g.Path, Generation: g.Generation, ModelID: g.ModelID})
 		}
 	}
+	if resumed {
+		tel.Log.Info("serving the rolled-out model recorded in the model root", "bundle", startBundle, "record", filepath.Join(root.Dir(), model.ServingFile), "flag_bundle", *bundle)
+	}
 	e, err := embedder.New(embedder.Options{
-		Bundle: *bundle, ShmDir: *shmDir, Segment: *segment, Lanes: *lanes,
+		Bundle: startBundle, ShmDir: *shmDir, Segment: *segment, Lanes: *lanes,
 		Mode: m, MaxBatch: *maxBatch, Window: *window, LatencyTarget: *target, Workers: *workers, Staging: *staging,
 		Log: tel.Log, Registry: tel.Registry, OnGeneration: announce, Tracer: tel.Tracer,
 	})
@@ -139,13 +155,14 @@ func run(args []string) error {
 		defer svc.Stop()
 		// Rollouts: load the new tables beside the old, have the
 		// accelerator compile the new program, then switch generations.
+		rollouts := embedder.NewRollouts(e, root, func(ctx context.Context, dir, _ string) error {
+			_, err := control.Call(ctx, nc, control.SubjectPrepare, control.LoadRequest{Bundle: dir})
+			return err
+		})
 		err = control.Serve(svc, "model-load", control.SubjectModelLoad, func(req control.LoadRequest) control.LoadReply {
 			lctx, cancel := context.WithTimeout(ctx, rolloutTimeout)
 			defer cancel()
-			g, err := e.Load(lctx, req.Bundle, func(ctx context.Context, modelID string) error {
-				_, err := control.Call(ctx, nc, control.SubjectPrepare, req)
-				return err
-			})
+			g, err := rollouts.Load(lctx, req.Bundle)
 			if err != nil {
 				tel.Log.Error("rollout failed; the old model keeps serving", "bundle", req.Bundle, "err", err)
 				return control.LoadReply{Error: err.Error()}

@@ -1,0 +1,151 @@
+package embedder
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/recmesh/recmesh/model"
+)
+
+// ErrBusy answers a rollout requested while another is in progress: each
+// one holds a second copy of the tables until it finishes, so two at once
+// could double memory again.
+var ErrBusy = errors.New("busy: another model load is in progress; retry when it finishes")
+
+// Rollouts admits model loads from the control plane: one at a time, only
+// bundles under the model root, only when the machine has the memory for
+// a second copy of the tables, and the result recorded in the root so a
+// restarted process comes back on it.
+type Rollouts struct {
+	e    *Embedder
+	root model.Root
+	// prepare has the accelerator compile the bundle at dir before the
+	// switch.
+	prepare func(ctx context.Context, dir, modelID string) error
+	// available reports the bytes a new table copy may take; nil means
+	// MemAvailable (and the cgroup's limit).
+	available func() (int64, error)
+	busy      atomic.Bool
+}
+
+// NewRollouts returns the admission of rollouts for e; prepare may be nil.
+func NewRollouts(e *Embedder, root model.Root, prepare func(ctx context.Context, dir, modelID string) error) *Rollouts {
+	return &Rollouts{e: e, root: root, prepare: prepare, available: availableMemory}
+}
+
+// Load rolls out the bundle name (relative to the root, or an absolute
+// path inside it). Every refusal leaves the serving model untouched and
+// says why.
+func (r *Rollouts) Load(ctx context.Context, name string) (Generation, error) {
+	if !r.busy.CompareAndSwap(false, true) {
+		return Generation{}, ErrBusy
+	}
+	defer r.busy.Store(false)
+	dir, err := r.root.Resolve(name)
+	if err != nil {
+		return Generation{}, fmt.Errorf("embedder: rollout refused: %w", err)
+	}
+	cfg, err := model.ReadConfig(dir)
+	if err != nil {
+		return Generation{}, fmt.Errorf("embedder: rollout refused: %w", err)
+	}
+	if err := r.checkMemory(cfg.TableBytes()); err != nil {
+		return Generation{}, fmt.Errorf("embedder: rollout of %s refused: %w", name, err)
+	}
+	var prepare func(ctx context.Context, modelID string) error
+	if r.prepare != nil {
+		prepare = func(ctx context.Context, modelID string) error { return r.prepare(ctx, dir, modelID) }
+	}
+	g, err := r.e.Load(ctx, dir, prepare)
+	if err != nil {
+		return g, err
+	}
+	if err := r.root.SetServing(model.Serving{Bundle: dir, ModelID: g.ModelID, Since: time.Now().UTC()}); err != nil {
+		// The mesh serves the new model; only a restart would lose it.
+		return g, fmt.Errorf("embedder: %s serves, but a restart would not keep it: %w", g.ModelID, err)
+	}
+	return g, nil
+}
+
+// memoryHeadroom is kept free beyond the new tables: the bundle's page
+// cache while it is copied, the new generation's segment, and the rest of
+// the machine.
+const memoryHeadroom = 256 << 20
+
+func (r *Rollouts) checkMemory(need int64) error {
+	if r.available == nil {
+		return nil
+	}
+	avail, err := r.available()
+	if err != nil {
+		return fmt.Errorf("cannot tell the free memory: %w", err)
+	}
+	if need+memoryHeadroom > avail {
+		return fmt.Errorf("not enough memory for a second copy of the tables: need %d MiB (+%d MiB headroom), %d MiB available",
+			need>>20, memoryHeadroom>>20, avail>>20)
+	}
+	return nil
+}
+
+// availableMemory is the kernel's MemAvailable, lowered to what the
+// process's cgroup v2 limit still allows.
+func availableMemory() (int64, error) {
+	avail, err := memAvailable("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	if left, ok := cgroupLeft("/sys/fs/cgroup"); ok && left < avail {
+		avail = left
+	}
+	return avail, nil
+}
+
+func memAvailable(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		rest, ok := strings.CutPrefix(s.Text(), "MemAvailable:")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: MemAvailable: %w", path, err)
+		}
+		return kb << 10, nil
+	}
+	return 0, fmt.Errorf("%s: no MemAvailable line", path)
+}
+
+// cgroupLeft is memory.max - memory.current of the cgroup v2 mounted at
+// dir (the process's own, in a container); ok is false without a limit.
+func cgroupLeft(dir string) (int64, bool) {
+	read := func(name string) (int64, bool) {
+		b, err := os.ReadFile(dir + "/" + name)
+		if err != nil {
+			return 0, false
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return v, err == nil
+	}
+	limit, ok := read("memory.max") // "max" fails to parse: no limit
+	if !ok {
+		return 0, false
+	}
+	cur, ok := read("memory.current")
+	if !ok {
+		return 0, false
+	}
+	return limit - cur, true
+}
