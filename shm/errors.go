@@ -51,6 +51,10 @@ var (
 	ErrNotOwner = errors.New("shm: not the segment owner")
 	// ErrState: a staging buffer or slot is not in the state the call needs.
 	ErrState = errors.New("shm: wrong state")
+	// ErrUnsafeFile: the file at the segment path is not one this process
+	// may trust: a symbolic link, not a regular file, owned by another user,
+	// or writable by every user.
+	ErrUnsafeFile = errors.New("shm: unsafe segment file")
 )
 
 // errorf wraps a sentinel with a formatted detail.

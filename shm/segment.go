@@ -60,7 +60,9 @@ type Segment struct {
 // and renamed into place only when complete, so an attacher never sees a
 // half-initialised segment. An existing segment at the path is replaced: its
 // mappings stay valid for the processes that hold them (the old generation
-// drains), and it is marked draining so its frontends move on.
+// drains), and it is marked draining so its frontends move on. The file is
+// created with O_EXCL|O_NOFOLLOW and opts.Mode, which may not be writable by
+// other users.
 func Create(opts Options) (*Segment, error) {
 	o := opts.withDefaults()
 	if o.Name == "" || strings.ContainsRune(o.Name, '/') || o.Name == "." || o.Name == ".." {
@@ -97,7 +99,10 @@ func create(path string, o Options) (*Segment, error) {
 		return nil, fmt.Errorf("%w: generation %d is not newer than %d already at the path", ErrGeneration, gen, prev)
 	}
 
-	f, err := os.CreateTemp(o.Dir, "."+o.Name+".*.tmp")
+	if o.Mode.Perm()&0o002 != 0 {
+		return nil, fmt.Errorf("%w: mode %v is writable by every user, and attach refuses such a segment", ErrUnsafeFile, o.Mode.Perm())
+	}
+	f, err := createSegmentFile(o.Dir, o.Name, o.Mode)
 	if err != nil {
 		return nil, err
 	}
@@ -109,9 +114,6 @@ func create(path string, o Options) (*Segment, error) {
 			os.Remove(tmp)
 		}
 	}()
-	if err := f.Chmod(o.Mode); err != nil {
-		return nil, err
-	}
 	if err := f.Truncate(int64(size)); err != nil {
 		return nil, err
 	}
@@ -182,7 +184,7 @@ func writeHeader(mem []byte, o Options, lay layout, gen uint64, size int) {
 // existingGeneration reads the generation of the segment at path, or 0 when
 // there is none or it is not a segment this code can read.
 func existingGeneration(path string) uint64 {
-	f, err := os.Open(path)
+	f, err := openSegmentFile(path, os.O_RDONLY)
 	if err != nil {
 		return 0
 	}
@@ -201,7 +203,7 @@ func existingGeneration(path string) uint64 {
 // draining, telling its frontends to finish in-flight work and attach to the
 // successor. Failure is harmless: they also notice when they re-attach.
 func markDraining(path string) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := openSegmentFile(path, os.O_RDWR)
 	if err != nil {
 		return
 	}
@@ -219,7 +221,10 @@ func markDraining(path string) {
 // Attach maps the segment at path for a frontend or the accelerator. It
 // checks the magic, the layout version, the geometry against the file, the
 // generation and model id asked for, the state word, and that the owner is
-// alive; any failure is a clear error wrapping one of the sentinels.
+// alive; any failure is a clear error wrapping one of the sentinels. The
+// file itself must be safe to trust (ErrUnsafeFile otherwise): not a
+// symbolic link, a regular file, owned by this process's effective uid
+// (any owner when that is root), and not writable by other users.
 func Attach(path string, want AttachOptions) (*Segment, error) {
 	s, err := attach(path, want)
 	if err != nil {
@@ -229,7 +234,9 @@ func Attach(path string, want AttachOptions) (*Segment, error) {
 }
 
 func attach(path string, want AttachOptions) (*Segment, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	// No symbolic link, a regular file of this user's, not world-writable:
+	// see openSegmentFile.
+	f, err := openSegmentFile(path, os.O_RDWR)
 	if err != nil {
 		return nil, err
 	}

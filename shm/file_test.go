@@ -1,0 +1,119 @@
+package shm
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestAttachRefusesSymlink: a symbolic link at the segment path, even to a
+// valid segment of ours, is refused rather than followed.
+func TestAttachRefusesSymlink(t *testing.T) {
+	s := newTestSegment(t, testGeometry())
+	link := filepath.Join(t.TempDir(), "seg")
+	if err := os.Symlink(s.Path(), link); err != nil {
+		t.Fatal(err)
+	}
+	a, err := Attach(link, AttachOptions{})
+	if err == nil {
+		a.Close()
+		t.Fatal("attached through a symbolic link")
+	}
+	if !errors.Is(err, ErrUnsafeFile) || !strings.Contains(err.Error(), "symbolic link") || !strings.Contains(err.Error(), link) {
+		t.Fatalf("attach through a symlink: %v; want ErrUnsafeFile naming the link", err)
+	}
+}
+
+// TestCreateReplacesSymlink: Create never writes through a symbolic link at
+// the path (its target is left alone); the segment replaces the link.
+func TestCreateReplacesSymlink(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(dir, "seg")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Create(Options{Name: "seg", Dir: dir, Geometry: testGeometry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if b, _ := os.ReadFile(victim); string(b) != "keep" {
+		t.Fatalf("the link's target was written: %q", b)
+	}
+	fi, err := os.Lstat(s.Path())
+	if err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("segment path after Create: %v, %v; want a regular file", fi, err)
+	}
+}
+
+// TestAttachRefusesWorldWritable: a segment file any user could write is
+// refused, naming the path and the fix.
+func TestAttachRefusesWorldWritable(t *testing.T) {
+	s := newTestSegment(t, testGeometry())
+	if err := os.Chmod(s.Path(), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	a, err := Attach(s.Path(), AttachOptions{})
+	if err == nil {
+		a.Close()
+		t.Fatal("attached a world-writable segment")
+	}
+	if !errors.Is(err, ErrUnsafeFile) || !strings.Contains(err.Error(), s.Path()) || !strings.Contains(err.Error(), "writable by every user") {
+		t.Fatalf("attach world-writable: %v", err)
+	}
+}
+
+// TestAttachRefusesNonRegular: a FIFO at the path is refused without
+// blocking the open.
+func TestAttachRefusesNonRegular(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seg")
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	if _, err := Attach(path, AttachOptions{}); !errors.Is(err, ErrUnsafeFile) || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("attach a FIFO: %v", err)
+	}
+}
+
+func TestCreateRefusesWorldWritableMode(t *testing.T) {
+	_, err := Create(Options{Name: "seg", Dir: t.TempDir(), Mode: 0o666, Geometry: testGeometry()})
+	if !errors.Is(err, ErrUnsafeFile) {
+		t.Fatalf("Create with mode 0666: %v; want ErrUnsafeFile", err)
+	}
+}
+
+// TestCheckSegmentFileOwner: another user's file is refused with both uids
+// in the message, unless this process is root; ours is accepted. (The tests
+// may run as root, so the owner rule is checked on the stat directly.)
+func TestCheckSegmentFileOwner(t *testing.T) {
+	reg := func(uid uint32, mode uint32) *unix.Stat_t {
+		return &unix.Stat_t{Uid: uid, Mode: syscall.S_IFREG | mode}
+	}
+	if err := checkSegmentFile("/dev/shm/x", reg(1000, 0o600), 1000); err != nil {
+		t.Errorf("own 0600 file refused: %v", err)
+	}
+	if err := checkSegmentFile("/dev/shm/x", reg(1000, 0o660), 1000); err != nil {
+		t.Errorf("own 0660 file refused: %v", err)
+	}
+	err := checkSegmentFile("/dev/shm/x", reg(1001, 0o600), 1000)
+	if !errors.Is(err, ErrUnsafeFile) || !strings.Contains(err.Error(), "uid 1001") || !strings.Contains(err.Error(), "uid 1000") || !strings.Contains(err.Error(), "/dev/shm/x") {
+		t.Errorf("another user's file: %v; want ErrUnsafeFile naming the path and both uids", err)
+	}
+	if err := checkSegmentFile("/dev/shm/x", reg(1001, 0o600), 0); err != nil {
+		t.Errorf("root refused another user's file: %v", err)
+	}
+	if err := checkSegmentFile("/dev/shm/x", reg(0, 0o602), 0); !errors.Is(err, ErrUnsafeFile) {
+		t.Errorf("root accepted a world-writable file: %v", err)
+	}
+	if err := checkSegmentFile("/dev/shm/x", &unix.Stat_t{Uid: 1000, Mode: syscall.S_IFDIR | 0o700}, 1000); !errors.Is(err, ErrUnsafeFile) {
+		t.Errorf("a directory accepted: %v", err)
+	}
+}
