@@ -74,9 +74,14 @@ type LaneStatus struct {
 }
 
 // Connect dials url with reconnects that never give up: a NATS restart
-// must not take a serving process down.
+// must not take a serving process down. The identity and TLS come from the
+// NATS_* environment (AuthOptions).
 func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
-	nc, err := nats.Connect(url,
+	auth, err := AuthOptions(os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	opts := append(auth,
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
@@ -86,7 +91,15 @@ func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
 				log.Warn("nats disconnected", "err", err)
 			}
 		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			// Permission violations arrive here: a misconfigured role
+			// must be visible, not silent.
+			if log != nil {
+				log.Error("nats", "err", err)
+			}
+		}),
 	)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("control: connect %s (check NATS_URL): %w", url, err)
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,10 +15,12 @@ import (
 	"syscall"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/recmesh/recmesh/cli/internal/meshnats"
+	"github.com/recmesh/recmesh/proto/control"
 )
 
 func init() {
@@ -75,35 +76,41 @@ func runMesh(ctx context.Context, e *env, args []string) error {
 		}
 	}
 
+	// roleEnv is the control-plane environment of a process of role:
+	// with an embedded server, its own identity; with the user's server,
+	// whatever NATS_* environment the user gave (inherited).
+	roleEnv := func(control.Role) []string { return []string{"NATS_URL=" + *natsURL} }
 	if *natsURL == "" {
-		ns, err := startNATS()
+		ns, err := meshnats.Start("")
 		if err != nil {
-			return err
+			return fmt.Errorf("run: %w", err)
 		}
 		defer ns.Shutdown()
 		*natsURL = ns.ClientURL()
-		fmt.Fprintf(e.stdout, "mesh: embedded NATS at %s\n", *natsURL)
+		roleEnv = ns.Env
+		fmt.Fprintf(e.stdout, "mesh: embedded NATS at %s, closed to clients without a mesh identity; as the operator:\n  export NATS_URL=%s NATS_NKEY=%s\n",
+			*natsURL, *natsURL, ns.Seed(control.RoleAdmin))
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	m := &mesh{out: e.stdout, exited: make(chan string, 8+*frontends)}
 	common := []string{
-		"NATS_URL=" + *natsURL,
 		"RECMESH_BUNDLE=" + *bundle,
 		"RECMESH_SEGMENT=" + *segment,
 		"RECMESH_LATENCY_TARGET=" + target.String(),
 	}
+	env := func(role control.Role) []string { return append(roleEnv(role), common...) }
 	bin := func(name string) string { return filepath.Join(*binDir, name) }
-	if err := m.start("embedder", common, bin("embedder"), "--batch-mode", *mode); err != nil {
+	if err := m.start("embedder", env(control.RoleEmbedder), bin("embedder"), "--batch-mode", *mode); err != nil {
 		return err
 	}
-	if err := m.start("accelerator", common, bin("accelerator"), "serve"); err != nil {
+	if err := m.start("accelerator", env(control.RoleAccelerator), bin("accelerator"), "serve"); err != nil {
 		m.stop()
 		return err
 	}
 	for i := 0; i < *frontends; i++ {
-		if err := m.start(fmt.Sprintf("frontend-%d", i), common, bin("frontend"), "--port", strconv.Itoa(*port)); err != nil {
+		if err := m.start(fmt.Sprintf("frontend-%d", i), env(control.RoleFrontend), bin("frontend"), "--port", strconv.Itoa(*port)); err != nil {
 			m.stop()
 			return err
 		}
@@ -128,20 +135,6 @@ mesh: ready — %d frontends on %s (Open Inference Protocol v2, model "dlrm")
 	case name := <-m.exited:
 		return fmt.Errorf("run: %s exited; stopping the mesh", name)
 	}
-}
-
-func startNATS() (*natsserver.Server, error) {
-	opts := &natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoSigs: true, NoLog: true}
-	ns, err := natsserver.NewServer(opts)
-	if err != nil {
-		return nil, fmt.Errorf("run: embedded NATS: %w", err)
-	}
-	ns.Start()
-	if !ns.ReadyForConnections(5 * time.Second) {
-		ns.Shutdown()
-		return nil, errors.New("run: embedded NATS did not start")
-	}
-	return ns, nil
 }
 
 // stopGrace is how long a child may take to stop after SIGTERM (a
