@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -17,8 +18,8 @@ type tlsFiles struct {
 	cert, key, caFile string
 
 	mu       sync.Mutex
-	checked  time.Time // last look at the files' modification times
-	stamp    string    // their modification times when last loaded
+	checked  time.Time         // last look at the files
+	stamp    [sha256.Size]byte // a hash of their contents when last loaded
 	pair     *tls.Certificate
 	clientCA *x509.CertPool // nil: no mutual TLS
 }
@@ -36,23 +37,29 @@ func newTLSFiles(cert, key, clientCA string) (*tlsFiles, error) {
 	return f, nil
 }
 
-func (f *tlsFiles) modTimes() (string, error) {
-	var stamp string
+// fingerprint hashes the files' contents: modification times miss a
+// replacement copied with its old time (cp -p, tar) at the same size, and
+// the files are a few KiB read once a second at most.
+func (f *tlsFiles) fingerprint() ([sha256.Size]byte, error) {
+	h := sha256.New()
 	for _, p := range []string{f.cert, f.key, f.caFile} {
 		if p == "" {
 			continue
 		}
-		st, err := os.Stat(p)
+		b, err := os.ReadFile(p)
 		if err != nil {
-			return "", err
+			return [sha256.Size]byte{}, err
 		}
-		stamp += st.ModTime().String() + fmt.Sprint(st.Size()) + ";"
+		fmt.Fprintf(h, "%d:", len(b))
+		h.Write(b)
 	}
-	return stamp, nil
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum, nil
 }
 
 func (f *tlsFiles) load() error {
-	stamp, err := f.modTimes()
+	stamp, err := f.fingerprint()
 	if err != nil {
 		return fmt.Errorf("tls: %w", err)
 	}
@@ -83,7 +90,7 @@ func (f *tlsFiles) current() (*tls.Certificate, *x509.CertPool) {
 	defer f.mu.Unlock()
 	if now := time.Now(); now.Sub(f.checked) >= tlsRecheck {
 		f.checked = now
-		if stamp, err := f.modTimes(); err == nil && stamp != f.stamp {
+		if stamp, err := f.fingerprint(); err == nil && stamp != f.stamp {
 			_ = f.load()
 		}
 	}

@@ -140,6 +140,29 @@ func TestTLSAndMutualTLS(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// A replacement that keeps the old modification time (cp -p, tar) and
+	// is the same size is a rotation too.
+	st, err := os.Stat(serverCert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca.issue(t, dir, "server", 12, false)
+	for _, p := range []string{serverCert, serverKey} {
+		if err := os.Chtimes(p, st.ModTime(), st.ModTime()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		serial, err := callTLS(t, addr, client)
+		if err == nil && serial == 12 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a rotation with the old modification time the server still presents serial %d (%v)", serial, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 
 	// Mutual TLS.
 	caFile := filepath.Join(dir, "clients-ca.pem")
