@@ -4,23 +4,25 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/recmesh/recmesh/proto/control"
 )
 
-func connectAs(t *testing.T, s *Server, role control.Role, errs chan<- error) *nats.Conn {
+func connectAs(t *testing.T, url string, ids *Identities, role control.Role, errs chan<- error) *nats.Conn {
 	t.Helper()
-	opt, err := nats.NkeyOptionFromSeed(s.Seed(role))
+	opt, err := nats.NkeyOptionFromSeed(ids.Seed(role))
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(s.ClientURL(), opt, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	nc, err := nats.Connect(url, opt, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if errs != nil {
 			select {
 			case errs <- err:
@@ -44,6 +46,34 @@ func TestRolesOnARealServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Shutdown()
+	checkRoles(t, s.ClientURL(), s.Identities)
+}
+
+// TestGeneratedConfig starts a server from the configuration file Generate
+// writes (what docker compose's NATS runs with) and checks the same.
+func TestGeneratedConfig(t *testing.T) {
+	ids, err := Generate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join(ids.Dir, ServerDir, ConfigFile))
+	if err != nil {
+		t.Fatalf("NATS cannot read the generated %s: %v", ConfigFile, err)
+	}
+	opts.Host, opts.Port, opts.NoSigs, opts.NoLog = "127.0.0.1", server.RANDOM_PORT, true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server from the generated config did not start")
+	}
+	checkRoles(t, ns.ClientURL(), ids)
+}
+
+func checkRoles(t *testing.T, url string, s *Identities) {
 	for _, role := range control.Roles {
 		st, err := os.Stat(s.Seed(role))
 		if err != nil {
@@ -54,14 +84,14 @@ func TestRolesOnARealServer(t *testing.T) {
 		}
 	}
 
-	if nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(0)); err == nil {
+	if nc, err := nats.Connect(url, nats.MaxReconnects(0)); err == nil {
 		nc.Close()
 		t.Fatal("a client without credentials connected")
 	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
 		t.Errorf("unauthenticated connect: %v; want an authorization error", err)
 	}
 
-	embedder := connectAs(t, s, control.RoleEmbedder, nil)
+	embedder := connectAs(t, url, s, control.RoleEmbedder, nil)
 	var loads atomic.Int32
 	if _, err := embedder.Subscribe(control.SubjectModelLoad, func(m *nats.Msg) {
 		loads.Add(1)
@@ -69,14 +99,14 @@ func TestRolesOnARealServer(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	accelerator := connectAs(t, s, control.RoleAccelerator, nil)
+	accelerator := connectAs(t, url, s, control.RoleAccelerator, nil)
 	if _, err := accelerator.Subscribe(control.SubjectPrepare, func(m *nats.Msg) {
 		_ = m.Respond([]byte(`{"model_id":"m"}`))
 	}); err != nil {
 		t.Fatal(err)
 	}
 	frontendErrs := make(chan error, 4)
-	frontend := connectAs(t, s, control.RoleFrontend, frontendErrs)
+	frontend := connectAs(t, url, s, control.RoleFrontend, frontendErrs)
 	if _, err := control.Register(frontend, control.ServiceFrontend, "v1.0.0", func() control.Status {
 		return control.Status{State: "ready", Ready: true}
 	}); err != nil {
@@ -96,7 +126,7 @@ func TestRolesOnARealServer(t *testing.T) {
 	}
 	// A frontend may not load a model: the publish is refused.
 	short, cancelShort := context.WithTimeout(ctx, time.Second)
-	_, err = control.Call(short, frontend, control.SubjectModelLoad, control.LoadRequest{Bundle: "/etc"})
+	_, err := control.Call(short, frontend, control.SubjectModelLoad, control.LoadRequest{Bundle: "/etc"})
 	cancelShort()
 	if err == nil {
 		t.Error("a frontend's model load was answered")
@@ -113,7 +143,7 @@ func TestRolesOnARealServer(t *testing.T) {
 		t.Errorf("the embedder received %d model loads from a frontend", n)
 	}
 	// The operator may, and the frontend still answers status.
-	admin := connectAs(t, s, control.RoleAdmin, nil)
+	admin := connectAs(t, url, s, control.RoleAdmin, nil)
 	if _, err := control.Call(ctx, admin, control.SubjectModelLoad, control.LoadRequest{Bundle: "v2"}); err != nil {
 		t.Errorf("admin → model load: %v", err)
 	}
