@@ -451,3 +451,159 @@ func TestComposeEBPF(t *testing.T) {
 		t.Error("the eBPF override changed the frontend's network, ipc or pid namespace")
 	}
 }
+
+// hardenedServices are the compose services that run a recmesh binary.
+var hardenedServices = []string{"bundle", "nats-identities", Embedder, Accelerator, Frontend}
+
+// checkHardened: s runs with every capability dropped but those in capAdd,
+// a read-only root file system and no-new-privileges.
+func checkHardened(t *testing.T, where string, s types.ServiceConfig, capAdd ...string) {
+	t.Helper()
+	if !slices.ContainsFunc(s.CapDrop, func(c string) bool { return strings.EqualFold(c, "ALL") }) {
+		t.Errorf("%s: cap_drop %v; want ALL", where, s.CapDrop)
+	}
+	got := slices.Clone(s.CapAdd)
+	for i, c := range got {
+		got[i] = strings.TrimPrefix(strings.ToUpper(c), "CAP_")
+	}
+	slices.Sort(got)
+	want := slices.Sorted(slices.Values(capAdd))
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: cap_add %v; want %v", where, s.CapAdd, want)
+	}
+	if !s.ReadOnly {
+		t.Errorf("%s: root file system not read_only", where)
+	}
+	if !slices.ContainsFunc(s.SecurityOpt, func(o string) bool {
+		return o == "no-new-privileges" || o == "no-new-privileges:true" || o == "no-new-privileges=true"
+	}) {
+		t.Errorf("%s: security_opt %v; want no-new-privileges:true", where, s.SecurityOpt)
+	}
+	if s.Privileged {
+		t.Errorf("%s: privileged", where)
+	}
+	// A read-only root needs somewhere to write scratch files.
+	if !slices.ContainsFunc(s.Tmpfs, func(m string) bool { return m == "/tmp" || strings.HasPrefix(m, "/tmp:") }) {
+		t.Errorf("%s: tmpfs %v; want a tmpfs on /tmp", where, s.Tmpfs)
+	}
+}
+
+// TestComposeHardening: the recmesh containers are locked down; every port
+// but the gRPC inference port is published on 127.0.0.1 only; Grafana
+// admits no anonymous user; and the processes' /metrics, which bind
+// loopback by default, are told to listen where Prometheus can reach them.
+func TestComposeHardening(t *testing.T) {
+	for _, files := range [][]string{{"compose.yaml"}, {"compose.yaml", "deploy/compose.cuda.yaml"}, {"compose.yaml", "deploy/compose.ebpf.yaml"}} {
+		p := loadCompose(t, nil, files...)
+		ebpf := slices.Contains(files, "deploy/compose.ebpf.yaml")
+		for _, name := range hardenedServices {
+			var add []string
+			if ebpf && name == Frontend {
+				// eBPF steering: load the program (BPF) and attach it
+				// to the socket (NET_ADMIN), nothing more.
+				add = []string{"BPF", "NET_ADMIN"}
+			}
+			checkHardened(t, fmt.Sprintf("%v %s", files, name), p.Services[name], add...)
+		}
+		for name, s := range p.Services {
+			if !slices.Contains(hardenedServices, name) && (len(s.CapAdd) != 0 || s.Privileged) {
+				t.Errorf("%v %s: cap_add %v privileged %v", files, name, s.CapAdd, s.Privileged)
+			}
+		}
+
+		fePort := env(p.Services[Frontend], "RECMESH_PORT")
+		for name, s := range p.Services {
+			for _, port := range s.Ports {
+				inference := name == Embedder && strconv.Itoa(int(port.Target)) == fePort
+				if inference {
+					continue // the service itself: published on every interface
+				}
+				if port.HostIP != "127.0.0.1" {
+					t.Errorf("%v %s publishes port %d on %q; want 127.0.0.1 (observability stays on this host)", files, name, port.Target, port.HostIP)
+				}
+			}
+		}
+	}
+
+	p := loadCompose(t, nil, "compose.yaml")
+	// Only what the tests above expect is published at all.
+	for name, want := range map[string]uint32{"prometheus": 9090, "grafana": 3000, "jaeger": 16686} {
+		s := p.Services[name]
+		if len(s.Ports) != 1 || s.Ports[0].Target != want || s.Ports[0].HostIP != "127.0.0.1" {
+			t.Errorf("%s ports %+v; want %d on 127.0.0.1", name, s.Ports, want)
+		}
+	}
+	for _, name := range []string{"nats", Accelerator, Frontend, "bundle"} {
+		if ports := p.Services[name].Ports; len(ports) != 0 {
+			t.Errorf("%s publishes %+v; want nothing", name, ports)
+		}
+	}
+
+	g := p.Services["grafana"]
+	if v := env(g, "GF_AUTH_ANONYMOUS_ENABLED"); v != "false" {
+		t.Errorf("grafana GF_AUTH_ANONYMOUS_ENABLED=%q; want \"false\"", v)
+	}
+
+	for proc, s := range processServices(t, p) {
+		addr := env(s, "RECMESH_METRICS_ADDR")
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Errorf("%s RECMESH_METRICS_ADDR=%q: %v", proc, addr, err)
+			continue
+		}
+		if host != "" && host != "0.0.0.0" && host != "::" {
+			t.Errorf("%s RECMESH_METRICS_ADDR=%q: Prometheus scrapes from another container; want every interface (\":port\")", proc, addr)
+		}
+	}
+}
+
+// TestComposeNATSClosed: compose's NATS runs with the generated
+// authorization, and each recmesh process holds its own role's seed and no
+// other (a frontend container cannot read a key that may roll out).
+func TestComposeNATSClosed(t *testing.T) {
+	p := loadCompose(t, nil, "compose.yaml")
+	n := p.Services["nats"]
+	if !slices.Contains(n.Command, "-c") || !slices.Contains(n.Command, "/nats/server/auth.conf") {
+		t.Errorf("nats command %v; want -c /nats/server/auth.conf", n.Command)
+	}
+	if d, ok := n.DependsOn["nats-identities"]; !ok || d.Condition != "service_completed_successfully" {
+		t.Errorf("nats depends_on %+v; want nats-identities completed", n.DependsOn)
+	}
+	gen := p.Services["nats-identities"]
+	if !slices.Contains(gen.Command, "nats-identities") {
+		t.Errorf("nats-identities command %v", gen.Command)
+	}
+	identityVolumes := func(s types.ServiceConfig) []string {
+		var out []string
+		for _, v := range s.Volumes {
+			if strings.HasPrefix(v.Source, "nats-") {
+				out = append(out, v.Source)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	for name, want := range map[string][]string{
+		Embedder:    {"nats-admin", "nats-embedder"},
+		Accelerator: {"nats-accelerator"},
+		Frontend:    {"nats-frontend"},
+		"nats":      {"nats-server"},
+	} {
+		s := p.Services[name]
+		if got := identityVolumes(s); !slices.Equal(got, want) {
+			t.Errorf("%s mounts identity volumes %v; want %v", name, got, want)
+		}
+		for _, v := range s.Volumes {
+			if strings.HasPrefix(v.Source, "nats-") && !v.ReadOnly {
+				t.Errorf("%s mounts %s read-write", name, v.Source)
+			}
+		}
+		if name == "nats" {
+			continue
+		}
+		role := strings.TrimPrefix(name, "recmesh-")
+		if got, want := env(s, "NATS_NKEY"), "/nats/"+role+"/"+role+".nk"; got != want {
+			t.Errorf("%s NATS_NKEY=%q; want %q", name, got, want)
+		}
+	}
+}

@@ -2,6 +2,8 @@ package deploy
 
 import (
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -317,9 +319,14 @@ func checkFinal(img *image, binaries []string) []string {
 	var health *instructions.HealthCheckCommand
 	var entrypoint []string
 	var copied []string
+	envs := map[string]string{}
 	for _, i := range img.chain {
 		for _, c := range d.stages[i].Commands {
 			switch c := c.(type) {
+			case *instructions.EnvCommand:
+				for _, kv := range c.Env {
+					envs[kv.Key] = kv.Value
+				}
 			case *instructions.UserCommand:
 				user = c.User
 			case *instructions.HealthCheckCommand:
@@ -351,12 +358,44 @@ func checkFinal(img *image, binaries []string) []string {
 			problems = append(problems, fmt.Sprintf("%s: HEALTHCHECK %v: want `recmesh health`", name, health.Health.Test))
 		}
 	}
+	problems = append(problems, checkImageMetricsAddr(name, envs["RECMESH_METRICS_ADDR"], health)...)
 	if len(entrypoint) == 0 {
 		problems = append(problems, fmt.Sprintf("%s: no ENTRYPOINT", name))
 	} else {
 		problems = append(problems, checkRuns(name, "ENTRYPOINT", entrypoint, copied, binaries)...)
 	}
 	return problems
+}
+
+// checkImageMetricsAddr: the processes bind /metrics and /healthz to
+// loopback unless told otherwise, and a container is scraped from outside:
+// the image sets RECMESH_METRICS_ADDR to every interface, and an HTTP
+// HEALTHCHECK asks a port of it.
+func checkImageMetricsAddr(name, addr string, health *instructions.HealthCheckCommand) []string {
+	ports, err := metricsPorts(addr)
+	if err != nil {
+		return []string{fmt.Sprintf("%s: ENV RECMESH_METRICS_ADDR=%q: %v; want \":port\" (the default is loopback only)", name, addr, err)}
+	}
+	if host, _, _ := net.SplitHostPort(addr); host != "" && host != "0.0.0.0" && host != "::" {
+		return []string{fmt.Sprintf("%s: ENV RECMESH_METRICS_ADDR=%q: want every interface (\":port\"), for Prometheus", name, addr)}
+	}
+	if health == nil {
+		return nil
+	}
+	for i, a := range health.Health.Test {
+		if a != "--http" || i+1 >= len(health.Health.Test) {
+			continue
+		}
+		u, err := url.Parse(health.Health.Test[i+1])
+		if err != nil {
+			return []string{fmt.Sprintf("%s: HEALTHCHECK --http %q: %v", name, health.Health.Test[i+1], err)}
+		}
+		p, _ := strconv.Atoi(u.Port())
+		if !slices.Contains(ports, p) {
+			return []string{fmt.Sprintf("%s: HEALTHCHECK asks %s, not a port of RECMESH_METRICS_ADDR=%q", name, u.Host, addr)}
+		}
+	}
+	return nil
 }
 
 func checkRuns(name, what string, argv, copied, binaries []string) []string {
@@ -448,6 +487,7 @@ ENTRYPOINT ["/usr/local/bin/x"]
 		"--from=nope: no earlier stage",
 		"runs as \"\"; want a non-root USER",
 		"HEALTHCHECK runs /usr/local/bin/y, which no COPY puts there",
+		"ENV RECMESH_METRICS_ADDR=\"\"",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("problems do not mention %q:\n%s", want, got)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -296,6 +297,10 @@ func checkWorkloads(t *testing.T, r *rendered) {
 			if c.StartupProbe != nil {
 				checkProbePort(t, where, "startup", &c, c.StartupProbe)
 			}
+			if slices.Contains(Processes, c.Name) {
+				v, _ := r.containerEnv(&c, "RECMESH_METRICS_ADDR")
+				checkMetricsReachable(t, where, v, &c)
+			}
 		}
 	}
 	// The NATS the configuration names is a Service here.
@@ -311,6 +316,25 @@ func checkWorkloads(t *testing.T, r *rendered) {
 				t.Errorf("NATS_URL %s: no Service %s with port %s", v, u.Hostname(), u.Port())
 			}
 		}
+	}
+}
+
+// checkMetricsReachable: a recmesh process binds /metrics and /healthz to
+// loopback unless RECMESH_METRICS_ADDR says otherwise, and the kubelet's
+// probes and Prometheus come from outside the pod: the container must set
+// it to every interface, on a port it declares.
+func checkMetricsReachable(t *testing.T, where, addr string, c *corev1.Container) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Errorf("%s: RECMESH_METRICS_ADDR=%q: %v; want \":port\" (the default is loopback only)", where, addr, err)
+		return
+	}
+	if host != "" && host != "0.0.0.0" && host != "::" {
+		t.Errorf("%s: RECMESH_METRICS_ADDR=%q is not reachable from outside the pod; want \":port\"", where, addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || !hasPort(c, intstr.FromInt32(int32(n))) {
+		t.Errorf("%s: RECMESH_METRICS_ADDR=%q: the container declares no such port", where, addr)
 	}
 }
 

@@ -91,9 +91,18 @@ func TestKServeExample(t *testing.T) {
 	for _, c := range containers {
 		c := c.(map[string]any)
 		bundle, shm := false, false
+		metrics := ""
 		for _, e := range asSlice(c["env"]) {
 			e := e.(map[string]any)
 			bundle = bundle || (e["name"] == "RECMESH_BUNDLE" && e["value"] == "/mnt/models")
+			if e["name"] == "RECMESH_METRICS_ADDR" {
+				metrics, _ = e["value"].(string)
+			}
+		}
+		// /metrics binds loopback unless told otherwise; Prometheus scrapes
+		// from outside the pod.
+		if !strings.HasPrefix(metrics, ":") {
+			t.Errorf("container %v: RECMESH_METRICS_ADDR=%q; want \":port\" (every interface)", c["name"], metrics)
 		}
 		for _, m := range asSlice(c["volumeMounts"]) {
 			shm = shm || m.(map[string]any)["mountPath"] == "/dev/shm"

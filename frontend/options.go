@@ -22,8 +22,9 @@ const (
 	DefaultPort = 8001
 	// DefaultListen is DefaultPort on every interface.
 	DefaultListen = ":8001"
-	// DefaultMetricsAddr serves /metrics, /healthz and /readyz.
-	DefaultMetricsAddr = ":9110-9125"
+	// DefaultMetricsAddr serves /metrics, /healthz and /readyz, on loopback
+	// only: a deployment that is scraped from elsewhere sets ":9110-9125".
+	DefaultMetricsAddr = "127.0.0.1:9110-9125"
 	// MetricsOff as Options.MetricsAddr serves no metrics endpoint (the
 	// metrics are still registered with Options.Registerer).
 	MetricsOff = "off"

@@ -51,6 +51,8 @@ RUN groupadd --system --gid 65532 nonroot \
        --shell /usr/sbin/nologin nonroot
 COPY --from=build /out/accelerator /out/recmesh /usr/local/bin/
 USER 65532:65532
+# The binaries bind /metrics and /healthz to 127.0.0.1 by default; in a
+# container they listen on every interface, for Prometheus and probes.
 ENV RECMESH_BUNDLE=/data/dlrm-cap1000 \
     RECMESH_SHM_DIR=/dev/shm \
     RECMESH_METRICS_ADDR=:9103 \

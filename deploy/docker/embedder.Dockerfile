@@ -21,14 +21,18 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 
 FROM ${RUNTIME_IMAGE}
 # The same uid as distroless "nonroot" in the frontend image. /data is where
-# the bundle volume mounts: a new named volume takes this owner.
+# the bundle volume mounts, /nats/* the control plane's identity volumes
+# (recmesh nats-identities): a new named volume takes the owner of the
+# directory it first mounts on.
 RUN groupadd --system --gid 65532 nonroot \
     && useradd --system --uid 65532 --gid 65532 --home-dir /home/nonroot --create-home \
        --shell /usr/sbin/nologin nonroot \
-    && mkdir -p /data \
-    && chown 65532:65532 /data
+    && mkdir -p /data /nats/server /nats/embedder /nats/accelerator /nats/frontend /nats/admin \
+    && chown 65532:65532 /data /nats/server /nats/embedder /nats/accelerator /nats/frontend /nats/admin
 COPY --from=build /out/embedder /out/recmesh /usr/local/bin/
 USER 65532:65532
+# The binaries bind /metrics and /healthz to 127.0.0.1 by default; in a
+# container they listen on every interface, for Prometheus and probes.
 ENV RECMESH_BUNDLE=/data/dlrm-cap1000 \
     RECMESH_SHM_DIR=/dev/shm \
     RECMESH_METRICS_ADDR=:9102 \

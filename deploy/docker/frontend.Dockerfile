@@ -23,7 +23,8 @@ COPY --from=build /out/frontend /out/recmesh /usr/local/bin/
 # files one process creates in the shared /dev/shm are the others' to map.
 USER 65532:65532
 # RECMESH_METRICS_ADDR is a range: replicas that share one network namespace
-# (compose --scale) each bind the first free port in it.
+# (compose --scale) each bind the first free port in it. The binary's default
+# is 127.0.0.1; in a container it listens on every interface, for Prometheus.
 ENV RECMESH_PORT=8001 \
     RECMESH_METRICS_ADDR=:9110-9125 \
     RECMESH_SHM_DIR=/dev/shm \

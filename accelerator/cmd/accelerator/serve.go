@@ -24,7 +24,7 @@ func runServe(ctx context.Context, args []string) error {
 	c.register(fs)
 	shmDir := fs.String("shm-dir", shm.DefaultDir, "directory of the embedder's shared-memory segment")
 	segment := fs.String("segment", server.DefaultSegment, "segment file name")
-	metricsAddr := fs.String("metrics-addr", ":9103", "address of /metrics and /healthz (empty: off)")
+	metricsAddr := fs.String("metrics-addr", "127.0.0.1:9103", "address of /metrics and /healthz (empty: off; loopback by default, \":9103\" for every interface)")
 	natsURL := fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: none)")
 	modelRoot := fs.String("model-root", "", "directory rollouts may load bundles from, where the serving model is recorded (empty: the directory holding --bundle)")
 	if err := c.parse(fs, args); err != nil {

@@ -186,7 +186,7 @@ func (c *config) startMesh(ctx context.Context, spec armSpec, n int, prefix []st
 	cmd := exec.Command(args[0], args[1:]...)
 	// Every child of `recmesh run` gets this environment: port 0 gives each
 	// its own free metrics port, so nothing clashes with the fixed
-	// defaults (:9102, :9103, :9110-9125) of a mesh already running.
+	// defaults (127.0.0.1:9102, :9103, :9110-9125) of a mesh already running.
 	cmd.Env = append(os.Environ(), "RECMESH_METRICS_ADDR=127.0.0.1:0")
 	// Its own process group, so a stop that has to kill reaches the whole
 	// mesh; and SIGTERM if the runner dies first.

@@ -72,7 +72,7 @@ func run(args []string) error {
 		window      = fs.Duration("batch-window", batch.DefaultWindow, "how long a full-mode batch waits for more requests")
 		workers     = fs.Int("workers", 0, "lookup goroutines (0: the usable cores)")
 		staging     = fs.Int("staging", embedder.DefaultStaging, "staging buffers: batches in flight to the accelerator")
-		metricsAddr = fs.String("metrics-addr", ":9102", "address of /metrics and /healthz (empty: off)")
+		metricsAddr = fs.String("metrics-addr", "127.0.0.1:9102", "address of /metrics and /healthz (empty: off; loopback by default, \":9102\" for every interface)")
 		natsURL     = fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: no control plane)")
 	)
 	fs.Usage = func() {

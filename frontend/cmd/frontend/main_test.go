@@ -30,7 +30,7 @@ func TestFlagsAndEnvTwins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.listen != ":8001" || c.metricsAddr != ":9110-9125" || c.modelName != "dlrm" || c.maxBatch != 4096 ||
+	if c.listen != ":8001" || c.metricsAddr != "127.0.0.1:9110-9125" || c.modelName != "dlrm" || c.maxBatch != 4096 ||
 		c.bundle != "data/dlrm-cap1000" || c.backend != "shm" || c.drainTimeout != 30*time.Second {
 		t.Errorf("defaults: %+v", c)
 	}
