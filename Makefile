@@ -22,7 +22,7 @@ BENCH_BUNDLE:= $(DATA)/dlrm-cap850000
 export PJRT_PLUGIN_LIBRARY_PATH ?= $(dir $(PJRT_PLUGIN))
 export RECMESH_PJRT_PLUGIN ?= $(PJRT_PLUGIN)
 
-.PHONY: help deps build test vet run parity bench-model e2e e2e-steering
+.PHONY: help deps build test vet run parity bench-model e2e e2e-steering e2e-security
 
 help:
 	@echo "make run    - start the whole mesh on the small default model"
@@ -88,6 +88,15 @@ e2e: deps
 	RECMESH_E2E_SUMMARY=$(DEPS)/e2e.summary $(GO) test -count=1 -run 'TestE2EModes$$' -v ./cli/e2e/ > $(DEPS)/e2e.log 2>&1 || { tail -n 60 $(DEPS)/e2e.log; echo "e2e: failed (whole log in .deps/e2e.log)"; exit 1; }
 	@grep -E '^\s*(--- |e2e_test.go:[0-9]+: mode)' $(DEPS)/e2e.log || true
 	@cat $(DEPS)/e2e.summary
+
+## e2e-security: TLS and mTLS with Triton's client and certificates rotated
+## under load; the control plane closed to strangers and to a frontend's
+## model load; rollouts refused outside the model root and durable across
+## SIGKILLed restarts. Ends with the `security ok:` line.
+e2e-security: deps
+	RECMESH_E2E_SECURITY=1 $(GO) test -count=1 -timeout 20m -run 'TestE2ESecurity$$' -v ./cli/e2e/ > $(DEPS)/e2e-security.log 2>&1 || { tail -n 60 $(DEPS)/e2e-security.log; echo "e2e-security: failed (whole log in .deps/e2e-security.log)"; exit 1; }
+	@grep -E '^\s*(--- |security(_tls)?_test.go:[0-9]+: )' $(DEPS)/e2e-security.log || true
+	@grep '^security ok:' $(DEPS)/e2e-security.log
 
 ## e2e-steering: frontends scaled 2 → 5 → 2 under churning load, with eBPF
 ## steering and with the kernel's hash (docs/deployment.md); ends with the

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -141,18 +142,28 @@ type cluster struct {
 	procs        map[string]*proc
 	metrics      map[string]string // process name → metrics address
 	natsURL      string            // empty: no control plane
+	// natsEnv, when set, gives each process its control-plane identity
+	// (NATS_NKEY for its role) beside NATS_URL.
+	natsEnv func(name string) []string
+	// modelRoot is the processes' --model-root: every cluster has its
+	// own, so a rollout's serving.json never leaks into another test.
+	modelRoot string
+	// dialCreds are the credentials the harness dials c.addr() with (the
+	// readiness check); nil: plaintext.
+	dialCreds credentials.TransportCredentials
 }
 
 func newCluster(t *testing.T, mode string) *cluster {
 	c := &cluster{
-		t:       t,
-		bin:     buildBinaries(t),
-		bundle:  exportBundle(t),
-		segment: fmt.Sprintf("recmesh-e2e-%d-%s", os.Getpid(), mode),
-		port:    freePort(t),
-		mode:    mode,
-		procs:   map[string]*proc{},
-		metrics: map[string]string{},
+		t:         t,
+		bin:       buildBinaries(t),
+		bundle:    exportBundle(t),
+		segment:   fmt.Sprintf("recmesh-e2e-%d-%s", os.Getpid(), mode),
+		port:      freePort(t),
+		mode:      mode,
+		procs:     map[string]*proc{},
+		metrics:   map[string]string{},
+		modelRoot: t.TempDir(),
 	}
 	t.Cleanup(c.stopAll)
 	return c
@@ -185,6 +196,15 @@ func freePort(t *testing.T) int {
 
 func (c *cluster) addr() string { return "127.0.0.1:" + strconv.Itoa(c.port) }
 
+// dialOption is how the harness reaches c.addr(): c.dialCreds, or
+// plaintext when they are nil.
+func (c *cluster) dialOption() grpc.DialOption {
+	if c.dialCreds != nil {
+		return grpc.WithTransportCredentials(c.dialCreds)
+	}
+	return grpc.WithTransportCredentials(insecure.NewCredentials())
+}
+
 func (c *cluster) start(name string, args ...string) *proc {
 	c.t.Helper()
 	var path string
@@ -210,7 +230,11 @@ func (c *cluster) start(name string, args ...string) *proc {
 		"RECMESH_BUNDLE="+c.bundle,
 		"RECMESH_SEGMENT="+c.segment,
 		"NATS_URL="+c.natsURL,
+		"RECMESH_MODEL_ROOT="+c.modelRoot,
 	)
+	if c.natsEnv != nil {
+		cmd.Env = append(cmd.Env, c.natsEnv(name)...)
+	}
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -240,7 +264,7 @@ func (c *cluster) waitServing(timeout time.Duration) {
 	for time.Now().Before(deadline) {
 		// A new connection each round: frontends listen only once ready,
 		// and a client refused until then would back off for seconds.
-		conn, err := grpc.NewClient(c.addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(c.addr(), c.dialOption())
 		if err != nil {
 			c.t.Fatal(err)
 		}
