@@ -108,27 +108,6 @@ func writeTLSFile(t *testing.T, path string, b []byte) {
 	}
 }
 
-// tlsPython is the venv python with tritonclient; it skips the test
-// without one, except under CI.
-func tlsPython(t *testing.T) (py, root string) {
-	t.Helper()
-	root, err := workspaceRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	py = os.Getenv("RECMESH_PYTHON")
-	if py == "" {
-		py = filepath.Join(root, ".deps", "venv", "bin", "python")
-	}
-	if _, err := os.Stat(py); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI needs the client venv (make deps): %v", err)
-		}
-		t.Skipf("no tritonclient venv at %s (run make deps)", py)
-	}
-	return py, root
-}
-
 // tritonTLSOutcome is what triton_tls_client.py printed.
 type tritonTLSOutcome struct {
 	OK         bool      `json:"ok"`
@@ -147,7 +126,7 @@ type tritonTLSOutcome struct {
 // new handshakes without a single failed or wrong call. Its clusters stop
 // at the test's cleanup.
 func checkTLS(t *testing.T) tlsResult {
-	py, root := tlsPython(t)
+	py, root := clientPython(t)
 	script := filepath.Join(root, "frontend", "testdata", "triton_tls_client.py")
 	w := loadWorkload(t)
 	res := tlsResult{TLS: "fail", MTLS: "fail"}

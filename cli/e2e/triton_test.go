@@ -18,20 +18,7 @@ import (
 // metadata and inference with raw and typed inputs, INT32 and INT64 ids,
 // every score compared with the reference.
 func TestE2ETritonClient(t *testing.T) {
-	root, err := workspaceRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	py := os.Getenv("RECMESH_PYTHON")
-	if py == "" {
-		py = filepath.Join(root, ".deps", "venv", "bin", "python")
-	}
-	if _, err := os.Stat(py); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI needs the client venv (make deps): %v", err)
-		}
-		t.Skipf("no tritonclient venv at %s (run make deps)", py)
-	}
+	py, root := clientPython(t)
 	w := loadWorkload(t)
 	c := newCluster(t, "full")
 	c.startMesh(1)
@@ -89,4 +76,25 @@ func TestE2ETritonClient(t *testing.T) {
 	if got.Invalid == nil || got.Invalid.Status != "StatusCode.INVALID_ARGUMENT" {
 		t.Errorf("an id outside its table came back as %+v, want INVALID_ARGUMENT", got.Invalid)
 	}
+}
+
+// clientPython is the venv's python, which has tritonclient, and the
+// workspace root; without the venv the test skips, except under CI.
+func clientPython(t *testing.T) (py, root string) {
+	t.Helper()
+	root, err := workspaceRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	py = os.Getenv("RECMESH_PYTHON")
+	if py == "" {
+		py = filepath.Join(root, ".deps", "venv", "bin", "python")
+	}
+	if _, err := os.Stat(py); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI needs the client venv (make deps): %v", err)
+		}
+		t.Skipf("no tritonclient venv at %s (run make deps)", py)
+	}
+	return py, root
 }
