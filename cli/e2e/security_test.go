@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -133,7 +134,20 @@ func checkControlPlane(t *testing.T) controlResult {
 	if err := os.Symlink(c.bundle, filepath.Join(c.modelRoot, "link-out")); err != nil {
 		t.Fatal(err)
 	}
+	// recmesh model load, the operator's tool, run as the admin: the
+	// escape is refused and it exits non-zero with the reason.
+	cli := func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "recmesh"), args...)
+		cmd.Env = append(os.Environ(), ns.Env(control.RoleAdmin)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
 	refused := 0
+	if out, err := cli("model", "load", filepath.Join(c.modelRoot, "..")); err != nil && strings.Contains(out, "outside the model root") {
+		refused++
+	} else {
+		t.Errorf("recmesh model load of the root's parent: %v\n%s", err, out)
+	}
 	for _, name := range []string{"../" + filepath.Base(c.bundle), c.bundle, "link-out"} {
 		_, err := control.Call(ctx, admin, control.SubjectModelLoad, control.LoadRequest{Bundle: name})
 		if err != nil && strings.Contains(err.Error(), "outside the model root") {
@@ -142,7 +156,7 @@ func checkControlPlane(t *testing.T) controlResult {
 			t.Errorf("rollout of %q: %v; want a refusal naming the model root", name, err)
 		}
 	}
-	if refused == 3 {
+	if refused == 4 {
 		res.pathEscape = "refused"
 	}
 	// Still the old model, and nothing recorded.
@@ -156,11 +170,11 @@ func checkControlPlane(t *testing.T) controlResult {
 	l := startVersionedLoad(t, c, w, wantNew)
 	defer l.stop()
 	waitFor(t, time.Minute, "traffic before the rollout", func() bool { return l.ok.Load() >= 10 })
-	rep, err := control.Call(ctx, admin, control.SubjectModelLoad, control.LoadRequest{Bundle: "v2"})
+	out, err := cli("model", "load", filepath.Join(c.modelRoot, "v2"))
 	if err != nil {
-		t.Fatalf("rollout: %v", err)
+		t.Fatalf("recmesh model load: %v\n%s", err, out)
 	}
-	t.Logf("rolled out generation %d (%s)", rep.Generation, rep.ModelID)
+	t.Logf("%s", strings.TrimSpace(out))
 	waitFor(t, time.Minute, "answers from the new model", func() bool { return l.newOK.Load() >= 10 })
 
 	restart := func(what string, names ...string) {

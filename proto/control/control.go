@@ -106,6 +106,25 @@ func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
 	return nc, nil
 }
 
+// Dial connects a short-lived client (recmesh status, model load) once,
+// without Connect's endless retries, so a refused identity is an error
+// that says what to set rather than a wait that times out.
+func Dial(url, name string) (*nats.Conn, error) {
+	auth, err := AuthOptions(os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, append(auth, nats.Name(name), nats.MaxReconnects(0), nats.Timeout(5*time.Second))...)
+	if errors.Is(err, nats.ErrAuthorization) || err != nil && strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		return nil, fmt.Errorf("control: %s refused this client's identity: %w (set %s to the operator's seed file, which recmesh run prints, or %s/%s/%s)",
+			url, err, EnvNkey, EnvCreds, EnvUser, EnvPassword)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("control: connect %s (check NATS_URL): %w", url, err)
+	}
+	return nc, nil
+}
+
 // Register adds the process as a micro service with a status endpoint that
 // answers with status().
 func Register(nc *nats.Conn, service, version string, status func() Status) (micro.Service, error) {

@@ -127,6 +127,12 @@ func printCommands(w io.Writer) {
 // returns flag.ErrHelp; a bad flag, variable or stray argument is a usage
 // error naming it.
 func parseFlags(fs *flag.FlagSet, args []string, e *env) error {
+	return parseFlagsArgs(fs, args, e, 0)
+}
+
+// parseFlagsArgs is parseFlags for a command that takes up to maxArgs
+// positional arguments after its flags.
+func parseFlagsArgs(fs *flag.FlagSet, args []string, e *env, maxArgs int) error {
 	fs.SetOutput(io.Discard) // errors are reported once, by run
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -137,8 +143,8 @@ func parseFlags(fs *flag.FlagSet, args []string, e *env) error {
 		}
 		return &usageError{err}
 	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q", fs.Arg(0))
+	if fs.NArg() > maxArgs {
+		return usagef("unexpected argument %q", fs.Arg(maxArgs))
 	}
 	if err := flagenv.Apply(fs, e.getenv); err != nil {
 		return &usageError{err}

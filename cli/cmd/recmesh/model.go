@@ -25,7 +25,7 @@ func runModel(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("model load", flag.ContinueOnError)
 	natsURL := fs.String("nats-url", "", "NATS server (env NATS_URL)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long (tables and compilation)")
-	if err := parseFlags(fs, args[1:], e); err != nil {
+	if err := parseFlagsArgs(fs, args[1:], e, 1); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
@@ -41,7 +41,7 @@ func runModel(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, err := control.Connect(*natsURL, "recmesh-model-load", nil)
+	nc, err := control.Dial(*natsURL, "recmesh-model-load")
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/recmesh/recmesh/cli/internal/meshnats"
+	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/control"
 )
 
@@ -62,6 +63,16 @@ func runMesh(ctx context.Context, e *env, args []string) error {
 	}
 	if _, err := os.Stat(filepath.Join(*bundle, "model.safetensors")); err != nil {
 		return usagef("--bundle %s: %v (make run exports the default bundle; or run recmesh export)", *bundle, err)
+	}
+	// The processes start on a rolled-out model recorded in the model
+	// root, not on --bundle: say so, since it surprises after a restart.
+	if root, err := model.OpenRoot(filepath.Dir(*bundle)); err == nil {
+		if dir, resumed, err := root.StartBundle(*bundle); err != nil {
+			return fmt.Errorf("run: %w", err)
+		} else if resumed {
+			fmt.Fprintf(e.stdout, "mesh: serving %s, the model rolled out last (recorded in %s), not --bundle; delete that file to go back\n",
+				dir, filepath.Join(root.Dir(), model.ServingFile))
+		}
 	}
 	if *binDir == "" {
 		exe, err := os.Executable()

@@ -34,7 +34,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	if *natsURL == "" {
 		return usagef("%v", control.ErrNoURL)
 	}
-	nc, err := control.Connect(*natsURL, "recmesh-status", nil)
+	nc, err := control.Dial(*natsURL, "recmesh-status")
 	if err != nil {
 		return err
 	}
