@@ -38,7 +38,7 @@ const (
 var cpuPluginRel = filepath.Join(".deps", "pjrt", "xla_plugins", "xla_cpu_pjrt", "xla_cpu_pjrt.so")
 
 // pluginFileNames are the file names searched for in EnvLibraryPath.
-var pluginFileNames = []string{"xla_cpu_pjrt.so", "pjrt_c_api_cpu_plugin.so", "xla_cuda_plugin.so"}
+var pluginFileNames = []string{"xla_cpu_pjrt.so", "pjrt_c_api_cpu_plugin.so", "xla_gpu_pjrt.so", "xla_cuda_plugin.so"}
 
 // ErrPluginNotFound is returned by FindPlugin when no plugin file exists.
 var ErrPluginNotFound = errors.New("PJRT plugin not found")
@@ -125,6 +125,9 @@ type Options struct {
 	// unless PJRT_NPROC or NPROC is set in the environment, which XLA then
 	// reads itself.
 	Threads int
+	// AllowNewer tries a plugin whose PJRT C API minor version is newer
+	// than the binding's instead of refusing it (CheckVersion).
+	AllowNewer bool
 }
 
 // Environment variables XLA's CPU client sizes its thread pools by
@@ -148,10 +151,8 @@ func Open(explicit string, log *slog.Logger) (*Runtime, error) {
 	return OpenWith(explicit, log, Options{})
 }
 
-// OpenWith is Open with options. A plugin of another major version is
-// refused; a newer minor version is logged, because the struct-size
-// handshake usually lets an older header work with it, and the executor's
-// smoke run at start-up catches the cases where it does not.
+// OpenWith is Open with options. Both API versions are logged, and a
+// plugin CheckVersion refuses is an error naming them.
 func OpenWith(explicit string, log *slog.Logger, opts Options) (*Runtime, error) {
 	path, err := FindPlugin(explicit)
 	if err != nil {
@@ -166,12 +167,12 @@ func OpenWith(explicit string, log *slog.Logger, opts Options) (*Runtime, error)
 		log.Info("pjrt plugin loaded", "path", path, "api", fmt.Sprintf("%d.%d", major, minor),
 			"binding_api", fmt.Sprintf("%d.%d", BindingAPIMajor, BindingAPIMinor))
 	}
-	if err := CheckVersion(major, minor); err != nil {
-		return nil, fmt.Errorf("device: plugin %s: %w", path, err)
+	if err := CheckVersion(path, major, minor, opts.AllowNewer); err != nil {
+		return nil, fmt.Errorf("device: %w", err)
 	}
 	if minor > BindingAPIMinor && log != nil {
-		log.Warn("pjrt plugin is newer than the binding; relying on struct-size compatibility",
-			"plugin_api", fmt.Sprintf("%d.%d", major, minor))
+		log.Warn("pjrt plugin is newer than the binding; trying it as asked ("+EnvAllowNewer+")",
+			"plugin_api", fmt.Sprintf("%d.%d", major, minor), "binding_api", fmt.Sprintf("%d.%d", BindingAPIMajor, BindingAPIMinor))
 	}
 	rt := &Runtime{Plugin: plugin, Path: path, APIMajor: major, APIMinor: minor}
 	if IsCPUPlugin(path) {
@@ -244,18 +245,36 @@ func setEnv(name, value string) (restore func()) {
 var ErrIncompatible = errors.New("PJRT plugin and binding are incompatible")
 
 // CheckVersion refuses plugins the gopjrt binding cannot work with: another
-// major version, or a minor version older than the binding's header (the
-// binding would fill struct fields the plugin does not know).
-func CheckVersion(major, minor int) error {
-	if major != BindingAPIMajor {
-		return fmt.Errorf("%w: plugin PJRT C API %d.%d, binding %d.%d (major versions differ): use a plugin built for API %d.x",
-			ErrIncompatible, major, minor, BindingAPIMajor, BindingAPIMinor, BindingAPIMajor)
-	}
-	if minor < BindingAPIMinor {
-		return fmt.Errorf("%w: plugin PJRT C API %d.%d is older than the binding's %d.%d: upgrade the plugin",
-			ErrIncompatible, major, minor, BindingAPIMajor, BindingAPIMinor)
+// major version, a minor version older than the binding's header (the
+// binding would fill struct fields the plugin does not know), or, unless
+// allowNewer, a newer one: such plugins check every argument struct's size
+// and reject the binding's smaller ones ("Unexpected PJRT_…_Args size …
+// built with a later version than the framework") somewhere past start-up.
+// The error names both versions and the plugin to install instead.
+func CheckVersion(path string, major, minor int, allowNewer bool) error {
+	have := fmt.Sprintf("plugin %s is PJRT C API %d.%d, the binding (gopjrt v0.10.0) %d.%d", filepath.Base(path), major, minor, BindingAPIMajor, BindingAPIMinor)
+	switch {
+	case major != BindingAPIMajor:
+		return fmt.Errorf("%w: %s (major versions differ): install %s", ErrIncompatible, have, matchingPlugin(path))
+	case minor < BindingAPIMinor:
+		return fmt.Errorf("%w: %s (the plugin is older): install %s", ErrIncompatible, have, matchingPlugin(path))
+	case minor > BindingAPIMinor && !allowNewer:
+		return fmt.Errorf("%w: %s (the plugin is newer and would reject the binding's calls): install %s, or set %s=true to try it anyway",
+			ErrIncompatible, have, matchingPlugin(path), EnvAllowNewer)
 	}
 	return nil
+}
+
+// EnvAllowNewer is the environment twin of the accelerator's
+// --pjrt-allow-newer: try a plugin with a newer PJRT C API minor version.
+const EnvAllowNewer = "RECMESH_PJRT_ALLOW_NEWER"
+
+// matchingPlugin names the PyPI wheel built for the binding's API version.
+func matchingPlugin(path string) string {
+	if strings.Contains(strings.ToLower(filepath.Base(path)), "cuda") || strings.Contains(strings.ToLower(filepath.Base(path)), "gpu") {
+		return fmt.Sprintf("the CUDA plugin of PJRT C API %d.%d: pip install xla-cuda13-pjrt==0.0.1 (xla_plugins/xla_cuda13_pjrt/xla_gpu_pjrt.so)", BindingAPIMajor, BindingAPIMinor)
+	}
+	return fmt.Sprintf("the CPU plugin of PJRT C API %d.%d: pip install xla-cpu-pjrt==0.0.1 (make deps does)", BindingAPIMajor, BindingAPIMinor)
 }
 
 // APIVersion formats the plugin's API version as "major.minor".

@@ -2,6 +2,7 @@ package device
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,20 +11,34 @@ import (
 
 func TestCheckVersion(t *testing.T) {
 	for _, tc := range []struct {
+		path         string
 		major, minor int
+		allowNewer   bool
 		ok           bool
+		install      string
 	}{
-		{0, 81, true},
-		{0, 115, true}, // newer minor: allowed, smoke run decides
-		{0, 80, false}, // older than the header
-		{1, 81, false}, // other major
+		{"xla_cpu_pjrt.so", 0, 81, false, true, ""},
+		{"xla_gpu_pjrt.so", 0, 81, false, true, ""},
+		{"xla_cuda_plugin.so", 0, 115, false, false, "xla-cuda13-pjrt==0.0.1"}, // newer: refused by default
+		{"xla_cuda_plugin.so", 0, 115, true, true, ""},                         // unless asked to try
+		{"xla_cpu_pjrt.so", 0, 80, true, false, "xla-cpu-pjrt==0.0.1"},         // older than the header
+		{"xla_cpu_pjrt.so", 1, 81, true, false, "xla-cpu-pjrt==0.0.1"},         // other major
 	} {
-		err := CheckVersion(tc.major, tc.minor)
+		err := CheckVersion(tc.path, tc.major, tc.minor, tc.allowNewer)
 		if (err == nil) != tc.ok {
-			t.Errorf("CheckVersion(%d,%d) = %v, want ok=%v", tc.major, tc.minor, err, tc.ok)
+			t.Errorf("CheckVersion(%s %d.%d) = %v, want ok=%v", tc.path, tc.major, tc.minor, err, tc.ok)
 		}
-		if err != nil && !errors.Is(err, ErrIncompatible) {
-			t.Errorf("CheckVersion(%d,%d) error %v does not wrap ErrIncompatible", tc.major, tc.minor, err)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, ErrIncompatible) {
+			t.Errorf("CheckVersion(%s %d.%d) error %v does not wrap ErrIncompatible", tc.path, tc.major, tc.minor, err)
+		}
+		msg := err.Error()
+		for _, want := range []string{fmt.Sprintf("%d.%d", tc.major, tc.minor), "0.81", tc.install} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("CheckVersion(%s %d.%d) error %q does not name %q", tc.path, tc.major, tc.minor, msg, want)
+			}
 		}
 	}
 }

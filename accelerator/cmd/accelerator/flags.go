@@ -21,11 +21,13 @@ type commonFlags struct {
 	maxBatch   int
 	xlaThreads int
 	program    string
+	allowNewer bool
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "model bundle directory")
 	fs.StringVar(&c.plugin, "pjrt-plugin", "", "PJRT plugin .so path or name; default: PJRT_PLUGIN_LIBRARY_PATH, then .deps/pjrt")
+	fs.BoolVar(&c.allowNewer, "pjrt-allow-newer", false, "try a plugin of a newer PJRT C API minor version than the binding's (0.81) instead of refusing it")
 	fs.IntVar(&c.maxBatch, "max-batch", executor.DefaultMaxBatch, "largest batch bucket")
 	fs.StringVar(&c.program, "program", "default", "StableHLO formulation: default, or plain (the model's math\n"+
 		"transcribed op for op, the yardstick of the default one)")
@@ -113,7 +115,7 @@ func (c commonFlags) executorOptions(log *slog.Logger) executor.Options {
 
 // openDevice loads the plugin with the flags' client options.
 func (c commonFlags) openDevice(log *slog.Logger) (*device.Runtime, error) {
-	return device.OpenWith(c.plugin, log, device.Options{Threads: c.xlaThreads})
+	return device.OpenWith(c.plugin, log, device.Options{Threads: c.xlaThreads, AllowNewer: c.allowNewer})
 }
 
 func (l *loaded) Close() {
