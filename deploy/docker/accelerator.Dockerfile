@@ -5,9 +5,11 @@
 # from its PyPI wheel; the PJRT build argument picks which:
 #
 #   cpu   (default) xla-cpu-pjrt   -> /opt/pjrt/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so
-#   cuda            jax-cuda13-pjrt -> /opt/pjrt/jax_plugins/xla_cuda13/xla_cuda_plugin.so
+#   cuda            xla-cuda13-pjrt -> /opt/pjrt/xla_plugins/xla_cuda13_pjrt/xla_gpu_pjrt.so
+#                   (PJRT C API 0.81, the binding's: JAX's own jax-cuda13-pjrt
+#                   speaks a newer API the binding cannot drive, docs/gpu.md)
 #                   with the CUDA 13 libraries from NVIDIA's wheels beside it
-#                   (the plugin's RPATH finds them under /opt/pjrt/nvidia);
+#                   (the plugin's RUNPATH finds them under /opt/pjrt/nvidia);
 #                   the driver comes from the host (NVIDIA container toolkit).
 #
 # Build from the repository root (the build context is the Go workspace):
@@ -37,11 +39,12 @@ RUN pip install --no-cache-dir --disable-pip-version-check --target /opt/pjrt xl
 
 FROM ${PYTHON_IMAGE} AS pjrt-cuda
 # jax-cuda13-plugin is installed only for its with-cuda extra, which pins the
-# NVIDIA library wheels (cuBLAS, cuDNN, NCCL, ...) that the PJRT plugin needs
-# and keeps them in step with it.
+# CUDA 13 library wheels (cuBLAS, cuDNN, CUPTI, NVRTC, the runtime) into
+# nvidia/cu13/lib and nvidia/cudnn/lib, where xla_gpu_pjrt.so's RUNPATH
+# looks.
 RUN pip install --no-cache-dir --disable-pip-version-check --target /opt/pjrt \
-       jax-cuda13-pjrt==0.12.0.1 "jax-cuda13-plugin[with-cuda]==0.12.0.1" \
-    && test -f /opt/pjrt/jax_plugins/xla_cuda13/xla_cuda_plugin.so
+       xla-cuda13-pjrt==0.0.1 "jax-cuda13-plugin[with-cuda]==0.12.0.1" \
+    && test -f /opt/pjrt/xla_plugins/xla_cuda13_pjrt/xla_gpu_pjrt.so
 
 FROM ${RUNTIME_IMAGE} AS runtime
 # The same uid as distroless "nonroot" in the frontend image, so the three
@@ -72,7 +75,7 @@ FROM runtime AS accelerator-cuda
 COPY --from=pjrt-cuda /opt/pjrt /opt/pjrt
 # Which GPUs the container sees is the runtime's to say (compose's device
 # reservation, Kubernetes' nvidia.com/gpu limit), not the image's.
-ENV RECMESH_PJRT_PLUGIN=/opt/pjrt/jax_plugins/xla_cuda13/xla_cuda_plugin.so \
+ENV RECMESH_PJRT_PLUGIN=/opt/pjrt/xla_plugins/xla_cuda13_pjrt/xla_gpu_pjrt.so \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
 # The image: the runtime with the plugin that PJRT names (a stage of this
