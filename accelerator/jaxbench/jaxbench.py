@@ -51,6 +51,8 @@ def main(argv=None):
                     help="PJRT plugin .so for --backend plugin (default $RECMESH_PJRT_PLUGIN)")
     ap.add_argument("--plugin-option", action="append", default=[], metavar="NAME=INT",
                     help="a PJRT client create option for the plugin, e.g. cpu_device_count=1")
+    ap.add_argument("--builtin-platform", default="cpu",
+                    help="the platform of --backend builtin: cpu (jaxlib's XLA) or cuda (JAX's CUDA plugin)")
     ap.add_argument("--buckets", default="1,16,128", help="comma-separated batch buckets")
     ap.add_argument("--duration", type=float, default=1.0, help="measured seconds per bucket")
     ap.add_argument("--dump-stablehlo", metavar="DIR",
@@ -64,7 +66,7 @@ def main(argv=None):
         # Only the named plugin: JAX must not pick the built-in backend.
         os.environ["JAX_PLATFORMS"] = PLUGIN_NAME
     else:
-        os.environ["JAX_PLATFORMS"] = "cpu"
+        os.environ["JAX_PLATFORMS"] = args.builtin_platform
     import jax
     import jax.numpy as jnp
 
@@ -77,14 +79,14 @@ def main(argv=None):
         xla_bridge.register_plugin(PLUGIN_NAME, library_path=args.plugin, options=options or None)
         device = jax.devices(PLUGIN_NAME)[0]
     else:
-        device = jax.devices("cpu")[0]
+        device = jax.devices(args.builtin_platform)[0]
 
     config, tensors = read_bundle(args.bundle, want=lambda name: not is_table(name))
     params = jax.device_put(dense_params(config, tensors), device)
     forward = jax.jit(make_forward(jax, jnp))
     tables, dim, num_dense = len(config["vocab_sizes"]), config["embedding_dim"], config["num_dense"]
     print(f"jax: backend={args.backend} platform={device.platform} device={device.device_kind!r} "
-          f"jax={jax.__version__} devices={len(jax.devices(device.platform if args.backend == 'builtin' else PLUGIN_NAME))} "
+          f"jax={jax.__version__} devices={len(jax.devices(args.builtin_platform if args.backend == 'builtin' else PLUGIN_NAME))} "
           f"affinity={sorted(os.sched_getaffinity(0))}", flush=True)
 
     rng = np.random.default_rng(1)

@@ -37,12 +37,16 @@ def load_network(args, config, tensors):
     if args.xla_threads == "1":
         flags = os.environ.get("XLA_FLAGS", "")
         os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # The host CPU unless RECMESH_BENCH_JAX_PLATFORM names another (the GPU
+    # pack's run.sh sets "cuda"): the arm then runs JAX's own backend there.
+    platform = os.environ.get("RECMESH_BENCH_JAX_PLATFORM", "cpu")
+    os.environ["JAX_PLATFORMS"] = platform
     import jax
 
     from dlrm import DenseNetwork
 
-    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_platforms", platform)
+    log.info("jax %s on %s", jax.__version__, jax.devices()[0].device_kind)
     network = DenseNetwork(config, tensors)
     network.warm_up(min(args.warm_max, next_pow2(args.max_batch)), log)
     return network

@@ -119,7 +119,7 @@ func (c *config) startArm(ctx context.Context, spec armSpec, n int, logPath stri
 
 func (c *config) startPython(ctx context.Context, spec armSpec, n int, prefix []string, log io.Writer) (*server, error) {
 	o := pyarm.Options{
-		Paths:   pyarm.DefaultPaths(c.root),
+		Paths:   c.pyPaths(),
 		Mode:    spec.py,
 		Bundle:  c.bundle,
 		Workers: c.pyWorkers,

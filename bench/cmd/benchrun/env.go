@@ -45,8 +45,13 @@ func environment(c *config, cfg model.Config) report.Env {
 			"pass -server-cpus / -client-cpus (BENCH_SERVER_CPUS / BENCH_CLIENT_CPUS) to trade isolation for cores.",
 			runtime.NumCPU(), c.serverCPUs, c.clientCPUs))
 	}
-	e.Notes = append(e.Notes, "The accelerator runs the dense network through the PJRT CPU plugin here, so it shares the server CPUs with the embedding lookups; "+
-		"the Python arms run jax.jit on the same CPUs.")
+	if p := os.Getenv("RECMESH_BENCH_JAX_PLATFORM"); p != "" && p != "cpu" {
+		e.Notes = append(e.Notes, fmt.Sprintf("The accelerator runs the dense network through the PJRT plugin %s; the Python arms run jax.jit on JAX's own %s backend. "+
+			"The embedding lookups and serving run on the server CPUs.", e.PJRTPlugin, p))
+	} else {
+		e.Notes = append(e.Notes, "The accelerator runs the dense network through the PJRT CPU plugin here, so it shares the server CPUs with the embedding lookups; "+
+			"the Python arms run jax.jit on the same CPUs.")
+	}
 	return e
 }
 
@@ -83,7 +88,7 @@ func meminfo(key string) (int64, bool) {
 // pythonVersions asks the bench venv's interpreter for the versions of the
 // Python arms' stack (empty when the venv is missing).
 func pythonVersions(c *config) map[string]string {
-	py := pyarm.DefaultPaths(c.root).Python
+	py := c.pyPaths().Python
 	const script = `import json, sys, importlib.metadata as m
 v = {"python": sys.version.split()[0]}
 for d in ("jax", "jaxlib", "numpy", "grpcio", "protobuf"):
@@ -121,4 +126,17 @@ func pjrtPlugin(root string) string {
 		return path
 	}
 	return strings.Join(wheels, ", ")
+}
+
+// pyPaths is where the Python arms' interpreter, script and stubs are:
+// under root, unless -python or -py-stubs say otherwise.
+func (c *config) pyPaths() pyarm.Paths {
+	p := pyarm.DefaultPaths(c.root)
+	if c.python != "" {
+		p.Python = c.python
+	}
+	if c.pyStubs != "" {
+		p.Stubs = c.pyStubs
+	}
+	return p
 }

@@ -67,6 +67,9 @@ func main() {
 
 type config struct {
 	root, bin, bundle, results string
+	// python and pyStubs override where the Python arms' interpreter and
+	// generated stubs are (default: the bench venv and stubs under root).
+	python, pyStubs string
 	// workloads are the bundles swept one after the other; bundle and
 	// results above are the current workload's while it runs.
 	workloads              []workload
@@ -118,6 +121,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.root, "root", ".", "repository root `dir` (bench/python, .deps)")
 	fs.StringVar(&c.bin, "bin", "bin", "`dir` of recmesh, embedder, accelerator and frontend")
+	fs.StringVar(&c.python, "python", "", "`interpreter` of the Python arms, with jax, numpy, grpcio and protobuf (default: <root>/.deps/bench-venv)")
+	fs.StringVar(&c.pyStubs, "py-stubs", "", "`dir` of the generated grpc_service_pb2*.py (default: <root>/.deps/bench-pygen)")
 	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "model bundle `dir` of a single workload (see -workloads)")
 	fs.StringVar(&workloadName, "workload", "", "name of the -bundle workload (default: from its config, mlperf or hostbound)")
 	fs.StringVar(&workloads, "workloads", "", "`name=dir,…`: workloads swept one after the other, each into <results>/<name>/ (overrides -bundle)")
