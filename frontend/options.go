@@ -55,6 +55,17 @@ const (
 	// DefaultReadyPollInterval is how often Backend.Ready is polled to update
 	// the health service.
 	DefaultReadyPollInterval = 100 * time.Millisecond
+	// DefaultMaxRequestTime bounds every ModelInfer call, whatever deadline
+	// the client gave (or none): a hung peer costs a call this long at
+	// most, never forever.
+	DefaultMaxRequestTime = 5 * time.Second
+	// DefaultMaxInflight caps the ModelInfer calls one frontend holds at
+	// once; beyond it a call is refused with RESOURCE_EXHAUSTED before it
+	// is decoded into a slot.
+	DefaultMaxInflight = 4096
+	// DefaultMaxStreams caps the concurrent streams (calls) of one
+	// connection, so one client cannot take the whole in-flight budget.
+	DefaultMaxStreams = 1024
 	// Steering modes (Options.Steering).
 	SteeringOff        = ""
 	SteeringAuto       = "auto"
@@ -138,6 +149,19 @@ type Options struct {
 	// ReadyPollInterval is how often Backend.Ready is polled for the health
 	// service. Default DefaultReadyPollInterval.
 	ReadyPollInterval time.Duration
+
+	// MaxRequestTime bounds each ModelInfer call from its arrival: a call
+	// still waiting then ends with DEADLINE_EXCEEDED. A client deadline
+	// that is sooner wins. Default DefaultMaxRequestTime.
+	MaxRequestTime time.Duration
+
+	// MaxInflight is the most ModelInfer calls served at once; more are
+	// refused with RESOURCE_EXHAUSTED. Default DefaultMaxInflight.
+	MaxInflight int
+
+	// MaxStreams is gRPC's MaxConcurrentStreams: the most calls one
+	// connection may have open. Default DefaultMaxStreams.
+	MaxStreams int
 
 	// Registerer receives the recmesh_frontend_* metrics. Default: a new
 	// registry of the server's own (never the global default registry).
@@ -241,6 +265,24 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ReadyPollInterval == 0 {
 		o.ReadyPollInterval = DefaultReadyPollInterval
+	}
+	if o.MaxRequestTime == 0 {
+		o.MaxRequestTime = DefaultMaxRequestTime
+	}
+	if o.MaxRequestTime < 0 {
+		return o, optionErr("MaxRequestTime", "%v is negative", o.MaxRequestTime)
+	}
+	if o.MaxInflight == 0 {
+		o.MaxInflight = DefaultMaxInflight
+	}
+	if o.MaxInflight < 0 {
+		return o, optionErr("MaxInflight", "%d is negative", o.MaxInflight)
+	}
+	if o.MaxStreams == 0 {
+		o.MaxStreams = DefaultMaxStreams
+	}
+	if o.MaxStreams < 0 || o.MaxStreams > 1<<20 {
+		return o, optionErr("MaxStreams", "%d is not in 1..%d", o.MaxStreams, 1<<20)
 	}
 	if o.ReadyPollInterval < 0 {
 		return o, optionErr("ReadyPollInterval", "%v is negative", o.ReadyPollInterval)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/keepalive"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
@@ -77,6 +78,8 @@ func New(opts Options) (*Server, error) {
 		version:  opts.Version,
 		draining: &s.draining,
 		model:    opts.Model,
+		maxTime:  opts.MaxRequestTime,
+		maxCalls: int64(opts.MaxInflight),
 	}
 	if err := opts.Registerer.Register(newTritonMetrics(s.svc)); err != nil {
 		return nil, fmt.Errorf("frontend: register Triton's metrics: %w", err)
@@ -84,6 +87,13 @@ func New(opts Options) (*Server, error) {
 
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvMsgSize(opts.MaxBatch, s.svc.schema.width)),
+		grpc.MaxConcurrentStreams(uint32(opts.MaxStreams)),
+		// A client may ping no more often than every 10 s (more is a
+		// GOAWAY), idle connections are pinged after a minute and closed
+		// when the ping goes unanswered, so dead peers do not pile up.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
+		grpc.InTapHandle(s.svc.admit),
 		grpc.ChainStreamInterceptor(s.endStreamsOnDrain),
 	}
 	if opts.TLSCert != "" {
@@ -125,6 +135,11 @@ func New(opts Options) (*Server, error) {
 	}
 	return s, nil
 }
+
+// keepaliveMinTime is the shortest interval between client pings the
+// server tolerates; gRPC clients default to none, and 10 s is what grpc-go
+// documents as a reasonable floor.
+const keepaliveMinTime = 10 * time.Second
 
 // maxRecvMsgSize admits the largest valid request, MaxBatch examples with
 // INT64 ids sent raw, plus room for names, parameters and the request id;

@@ -520,3 +520,52 @@ func TestRunTwice(t *testing.T) {
 		t.Errorf("backend closed %d times, want 1", c)
 	}
 }
+
+// TestServerBounds: a call without a client deadline still ends at
+// MaxRequestTime when the backend hangs, and calls beyond MaxInflight are
+// refused with RESOURCE_EXHAUSTED while the others keep waiting.
+func TestServerBounds(t *testing.T) {
+	f := newFakeBackend()
+	f.block = make(chan struct{})
+	f.entered = make(chan struct{}, 4)
+	ts := startServer(t, f, func(o *Options) { o.MaxRequestTime = 300 * time.Millisecond; o.MaxInflight = 2 })
+	waitFor(t, 10*time.Second, "health SERVING", func() bool {
+		return healthStatus(ts.conn, "") == healthpb.HealthCheckResponse_SERVING
+	})
+	dense, sparse := inputs(1)
+	req := rawRequest(dense, sparse, 1, false)
+
+	start := time.Now()
+	_, err := ts.api.ModelInfer(context.Background(), req) // no deadline of its own
+	if took := time.Since(start); status.Code(err) != codes.DeadlineExceeded || took > 5*time.Second {
+		t.Fatalf("hung call without a client deadline: %v after %v; want DEADLINE_EXCEEDED after about 300ms", err, took)
+	}
+	<-f.entered
+
+	ts2 := startServer(t, f, func(o *Options) { o.MaxRequestTime = time.Minute; o.MaxInflight = 2 })
+	waitFor(t, 10*time.Second, "health SERVING", func() bool {
+		return healthStatus(ts2.conn, "") == healthpb.HealthCheckResponse_SERVING
+	})
+	held := make(chan error, 2)
+	for i := 0; i < 2; i++ {
+		go func() {
+			_, err := ts2.api.ModelInfer(context.Background(), req)
+			held <- err
+		}()
+		<-f.entered
+	}
+	_, err = ts2.api.ModelInfer(context.Background(), req)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "max-inflight") {
+		t.Errorf("third call with two in flight: %v; want RESOURCE_EXHAUSTED naming --max-inflight", err)
+	}
+	close(f.block)
+	for i := 0; i < 2; i++ {
+		if err := <-held; err != nil {
+			t.Errorf("held call: %v", err)
+		}
+	}
+	// Capacity is back once they finish.
+	if _, err := ts2.api.ModelInfer(context.Background(), req); err != nil {
+		t.Errorf("call after the others finished: %v", err)
+	}
+}

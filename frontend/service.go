@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/inference"
@@ -30,6 +32,13 @@ type service struct {
 	model model.Config
 	// stats are what ModelStatistics reports.
 	stats stats
+	// maxTime bounds every ModelInfer call (Options.MaxRequestTime; 0:
+	// only the client's deadline).
+	maxTime time.Duration
+	// calls counts the ModelInfer calls in flight, against maxCalls
+	// (Options.MaxInflight; 0: no cap).
+	calls    atomic.Int64
+	maxCalls int64
 }
 
 // ready is the readiness every probe reports: the backend can serve and the
@@ -87,6 +96,20 @@ func (s *service) ModelMetadata(_ context.Context, req *inference.ModelMetadataR
 // the scores. A request that fails validation never reaches the backend.
 func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
 	start := time.Now()
+	if n := s.calls.Add(1); s.maxCalls > 0 && n > s.maxCalls {
+		s.calls.Add(-1)
+		err := errOverloaded(n - 1)
+		s.metrics.done(start, 0, status.Code(err))
+		return nil, err
+	}
+	defer s.calls.Add(-1)
+	// The server's own bound, whatever the client asked for: a hung
+	// backend costs a call maxTime at most.
+	if dl, ok := ctx.Deadline(); s.maxTime > 0 && (!ok || time.Until(dl) > s.maxTime) {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.maxTime)
+		defer cancel()
+	}
 	s.metrics.inflight.Inc()
 	if s.load != nil {
 		s.load.addInflight(1)
@@ -197,4 +220,18 @@ func (s *service) reply(req *inference.ModelInferRequest, scores []float32, raw 
 	r.raw[0] = b
 	r.resp.RawOutputContents = r.raw[:]
 	return &r.resp
+}
+
+// errOverloaded refuses a call beyond Options.MaxInflight.
+func errOverloaded(inflight int64) error {
+	return status.Errorf(codes.ResourceExhausted, "server is at capacity (%d calls in flight, --max-inflight), retry later", inflight)
+}
+
+// admit is the gRPC tap in front of every call: beyond the in-flight cap a
+// ModelInfer is refused before its request is read and decoded.
+func (s *service) admit(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if s.maxCalls > 0 && info.FullMethodName == inference.GRPCInferenceService_ModelInfer_FullMethodName && s.calls.Load() >= s.maxCalls {
+		return ctx, errOverloaded(s.calls.Load())
+	}
+	return ctx, nil
 }

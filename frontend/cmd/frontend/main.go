@@ -75,6 +75,9 @@ type config struct {
 	drainDelay     time.Duration
 	drainTimeout   time.Duration
 	latencyTarget  time.Duration
+	maxRequestTime time.Duration
+	maxInflight    int
+	maxStreams     int
 	steering       string
 	steeringDir    string
 	tlsCert        string
@@ -116,6 +119,9 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require clients to present a certificate it signed (mutual TLS)")
 	fs.StringVar(&c.steeringDir, "steering-dir", steering.DefaultPinRoot, "ebpf steering: bpffs directory where the port's frontends pin their shared maps")
 	fs.DurationVar(&c.latencyTarget, "latency-target", frontend.DefaultLatencyTarget, "latency budget of a call; slower answers count in recmesh_frontend_budget_misses_total and, through the lane, steer the embedder's slo batching")
+	fs.DurationVar(&c.maxRequestTime, "max-request-time", frontend.DefaultMaxRequestTime, "the longest any ModelInfer call may take, whatever the client's deadline (DEADLINE_EXCEEDED after it)")
+	fs.IntVar(&c.maxInflight, "max-inflight", frontend.DefaultMaxInflight, "most ModelInfer calls in flight at once; more are refused with RESOURCE_EXHAUSTED before their request is decoded")
+	fs.IntVar(&c.maxStreams, "max-streams", frontend.DefaultMaxStreams, "most concurrent calls on one client connection (gRPC MaxConcurrentStreams)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	flagenv.DefinePrintConfig(fs)
 	fs.Usage = func() {
@@ -152,19 +158,22 @@ func finishFlags(fs *flag.FlagSet, c *config) error {
 // flagOf names the flag that sets each frontend.Options field, so that a
 // configuration error says what to change.
 var flagOf = map[string]string{
-	"Listen":        "--listen (or --port)",
-	"MetricsAddr":   "--metrics-addr",
-	"ModelName":     "--model-name",
-	"ModelVersion":  "--model-version",
-	"MaxBatch":      "--max-batch",
-	"Model":         "--bundle",
-	"DrainDelay":    "--drain-delay",
-	"DrainTimeout":  "--drain-timeout",
-	"LatencyTarget": "--latency-target",
-	"Steering":      "--steering",
-	"SteeringDir":   "--steering-dir",
-	"TLSCert":       "--tls-cert / --tls-key",
-	"TLSClientCA":   "--tls-client-ca",
+	"Listen":         "--listen (or --port)",
+	"MetricsAddr":    "--metrics-addr",
+	"ModelName":      "--model-name",
+	"ModelVersion":   "--model-version",
+	"MaxBatch":       "--max-batch",
+	"Model":          "--bundle",
+	"DrainDelay":     "--drain-delay",
+	"DrainTimeout":   "--drain-timeout",
+	"LatencyTarget":  "--latency-target",
+	"MaxRequestTime": "--max-request-time",
+	"MaxInflight":    "--max-inflight",
+	"MaxStreams":     "--max-streams",
+	"Steering":       "--steering",
+	"SteeringDir":    "--steering-dir",
+	"TLSCert":        "--tls-cert / --tls-key",
+	"TLSClientCA":    "--tls-client-ca",
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
@@ -245,6 +254,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		DrainDelay:     c.drainDelay,
 		DrainTimeout:   c.drainTimeout,
 		LatencyTarget:  c.latencyTarget,
+		MaxRequestTime: c.maxRequestTime,
+		MaxInflight:    c.maxInflight,
+		MaxStreams:     c.maxStreams,
 		Steering:       c.steering,
 		SteeringDir:    c.steeringDir,
 		TLSCert:        c.tlsCert,
