@@ -231,8 +231,8 @@ func networkHost(name string, s types.ServiceConfig) string {
 }
 
 // TestComposeHealthchecks: each recmesh process is checked with `recmesh
-// health` on the address it serves (/healthz on its metrics port, or the
-// frontend's gRPC health service).
+// health` on the address it serves (/readyz on its metrics port: compose
+// gates the next service on it; or the frontend's gRPC health service).
 func TestComposeHealthchecks(t *testing.T) {
 	p := loadCompose(t, nil, "compose.yaml")
 	for proc, s := range processServices(t, p) {
@@ -250,7 +250,7 @@ func TestComposeHealthchecks(t *testing.T) {
 				t.Errorf("%s RECMESH_METRICS_ADDR=%q: want one port (%v)", proc, env(s, "RECMESH_METRICS_ADDR"), err)
 				continue
 			}
-			want = fmt.Sprintf("--http http://127.0.0.1:%d/healthz", ports[0])
+			want = fmt.Sprintf("--http http://127.0.0.1:%d/readyz", ports[0])
 		}
 		if !strings.Contains(test, want) {
 			t.Errorf("%s health check %q: want %q", proc, test, want)

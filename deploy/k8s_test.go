@@ -297,6 +297,16 @@ func checkWorkloads(t *testing.T, r *rendered) {
 			if c.StartupProbe != nil {
 				checkProbePort(t, where, "startup", &c, c.StartupProbe)
 			}
+			// Liveness is the process's own progress, readiness whether it
+			// can serve: an embedder restart must make its peers unready,
+			// never get them restarted.
+			if c.Name == Embedder || c.Name == Accelerator {
+				for kind, want := range map[*corev1.Probe]string{c.LivenessProbe: "/healthz", c.ReadinessProbe: "/readyz", c.StartupProbe: "/readyz"} {
+					if kind != nil && (kind.HTTPGet == nil || kind.HTTPGet.Path != want) {
+						t.Errorf("%s: probe %+v; want HTTP GET %s", where, kind.ProbeHandler, want)
+					}
+				}
+			}
 			if slices.Contains(Processes, c.Name) {
 				v, _ := r.containerEnv(&c, "RECMESH_METRICS_ADDR")
 				checkMetricsReachable(t, where, v, &c)

@@ -72,6 +72,7 @@ func (e *Embedder) newDispatcher(g *generation, jobs chan job) (*dispatcher, err
 	}
 	d.batches = make([]*openBatch, geo.StagingCount)
 	d.hasWork = d.wake
+	d.bw.Pulse = g.pulse
 	return d, nil
 }
 
@@ -150,6 +151,7 @@ func (d *dispatcher) updateCosts() {
 
 func (d *dispatcher) run(ctx context.Context) error {
 	for {
+		d.g.pulse.Tick()
 		if err := ctx.Err(); err != nil {
 			return err
 		}

@@ -124,10 +124,11 @@ type Embedder struct {
 	// loads hands a rollout's new store to Run, which answers on done.
 	loads chan loadRequest
 
-	mu    sync.Mutex
-	store *Store // serving store; Run owns it
-	gen   Generation
-	seg   *shm.Segment
+	mu     sync.Mutex
+	store  *Store // serving store; Run owns it
+	gen    Generation
+	seg    *shm.Segment
+	pulses map[*shm.Pulse]struct{} // of the generations being served (Live)
 }
 
 type loadRequest struct {
@@ -144,7 +145,7 @@ func New(opts Options) (*Embedder, error) {
 	if opts.MaxBatch > model.MaxBatchLimit {
 		return nil, fmt.Errorf("embedder: max batch %d above %d (change --max-batch)", opts.MaxBatch, model.MaxBatchLimit)
 	}
-	e := &Embedder{opts: opts, m: newMetrics(opts.Registry), log: opts.Log, loads: make(chan loadRequest)}
+	e := &Embedder{opts: opts, m: newMetrics(opts.Registry), log: opts.Log, loads: make(chan loadRequest), pulses: map[*shm.Pulse]struct{}{}}
 	store, err := e.loadStore(opts.Bundle)
 	if err != nil {
 		return nil, err
@@ -163,6 +164,19 @@ func (e *Embedder) loadStore(dir string) (*Store, error) {
 		"pages", store.Mode.String(), "huge_page_fraction", store.HugePageFraction,
 		"kernel", lookup.Kernel(), "seconds", time.Since(start).Seconds())
 	return store, nil
+}
+
+// Live reports whether every generation's dispatcher loop is making
+// progress (true with none running).
+func (e *Embedder) Live() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for p := range e.pulses {
+		if !p.Live(0) {
+			return false
+		}
+	}
+	return true
 }
 
 // Store is the serving table store.
@@ -351,6 +365,9 @@ type generation struct {
 	seg      *shm.Segment
 	store    *Store
 	replaced atomic.Bool // a newer generation took over: drain and stop
+	// pulse is the dispatcher loop's proof of progress: the owner
+	// heartbeat and the process's /healthz follow it.
+	pulse *shm.Pulse
 }
 
 func (e *Embedder) create(store *Store) (*generation, error) {
@@ -386,7 +403,7 @@ func (e *Embedder) create(store *Store) (*generation, error) {
 	if e.opts.OnGeneration != nil {
 		e.opts.OnGeneration(g)
 	}
-	return &generation{seg: seg, store: store}, nil
+	return &generation{seg: seg, store: store, pulse: shm.NewPulse()}, nil
 }
 
 // openBatch is the batch being filled in one staging buffer. One exists
@@ -425,10 +442,22 @@ func (e *Embedder) serve(ctx context.Context, g *generation) error {
 		cancel()
 		wg.Wait()
 	}()
+	// The owner heartbeat stands for the dispatcher loop: it beats only
+	// while the loop ticks, so a stuck dispatcher is declared hung.
+	pulse := g.pulse
+	pulse.Tick()
+	e.mu.Lock()
+	e.pulses[pulse] = struct{}{}
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		delete(e.pulses, pulse)
+		e.mu.Unlock()
+	}()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_ = seg.Heartbeat(ctx, 0)
+		_ = seg.Heartbeat(ctx, 0, pulse)
 	}()
 
 	jobs := make(chan job, 4096)

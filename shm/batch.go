@@ -92,6 +92,8 @@ type BatchWriter struct {
 	st   []Staging
 	next int // where the next free-buffer scan starts
 	free func() bool
+	// Pulse, when set, is ticked on every wake-up of Acquire's wait.
+	Pulse *Pulse
 }
 
 // BatchWriter returns the embedder's batch producer.
@@ -139,6 +141,9 @@ func (w *BatchWriter) Acquire(ctx context.Context) (*Staging, error) {
 		got, err := w.seg.stagingBell.Wait(ctx, w.free, DefaultLivenessTick)
 		if err != nil {
 			return nil, err
+		}
+		if w.Pulse != nil {
+			w.Pulse.Tick() // waiting on the accelerator is not being stuck
 		}
 		if !got {
 			if err := w.seg.AcceleratorAlive(0); err != nil && !errors.Is(err, ErrNoAccelerator) {
@@ -194,6 +199,9 @@ type BatchReader struct {
 	done    uint64 // every batch ≤ done is finished
 	window  uint64 // bit i: batch done+2+i finished out of order
 	hasWork func() bool
+	// Pulse, when set, is ticked on every wake-up of Wait, so an idle
+	// accelerator loop counts as live.
+	Pulse *Pulse
 }
 
 // BatchReader returns the accelerator's batch consumer.
@@ -268,6 +276,9 @@ func (r *BatchReader) Wait(ctx context.Context) (Batch, error) {
 		got, err := r.seg.batchBell.Wait(ctx, r.hasWork, DefaultLivenessTick)
 		if err != nil {
 			return Batch{}, err
+		}
+		if r.Pulse != nil {
+			r.Pulse.Tick() // waiting is progress: the loop is here, not stuck
 		}
 		if !got {
 			if err := r.seg.OwnerAlive(0); err != nil {

@@ -56,7 +56,7 @@ func newTestSegment(t testing.TB, g Geometry) *Segment {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.Heartbeat(ctx, 0)
+		s.Heartbeat(ctx, 0, nil)
 	}()
 	// Registered after newQuietSegment's cleanup, so it runs first: the
 	// heartbeat stops before the segment is unmapped.

@@ -429,7 +429,7 @@ func helperOwner() error {
 	if err != nil {
 		return err
 	}
-	go s.Heartbeat(context.Background(), 0)
+	go s.Heartbeat(context.Background(), 0, nil)
 	rr, _ := s.RequestReader(0)
 	cw, _ := s.CompletionWriter(0)
 	fmt.Println("ready", s.Path())
@@ -514,7 +514,7 @@ func helperAccelerator() error {
 		return err
 	}
 	fmt.Println("ready")
-	return s.AcceleratorHeartbeat(context.Background(), 0)
+	return s.AcceleratorHeartbeat(context.Background(), 0, nil)
 }
 
 // When the accelerator (producer of completions) is killed, a frontend

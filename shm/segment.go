@@ -452,20 +452,22 @@ func (s *Segment) Drain() error {
 func (s *Segment) Beat() { atomic.StoreUint64(s.ownerHB, uint64(monoNow())) }
 
 // Heartbeat beats as owner every interval (0: DefaultHeartbeatInterval)
-// until ctx is done, and returns ctx's error. The caller owns the goroutine
-// that runs it.
-func (s *Segment) Heartbeat(ctx context.Context, interval time.Duration) error {
-	return beatLoop(ctx, interval, s.Beat)
+// while pulse is Live (nil: always), until ctx is done, and returns ctx's
+// error. The caller owns the goroutine that runs it.
+func (s *Segment) Heartbeat(ctx context.Context, interval time.Duration, pulse *Pulse) error {
+	return beatLoop(ctx, interval, pulse, s.Beat)
 }
 
-func beatLoop(ctx context.Context, interval time.Duration, beat func()) error {
+func beatLoop(ctx context.Context, interval time.Duration, pulse *Pulse, beat func()) error {
 	if interval <= 0 {
 		interval = DefaultHeartbeatInterval
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		beat()
+		if pulse == nil || pulse.Live(0) {
+			beat()
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -556,10 +558,10 @@ func (s *Segment) DetachAccelerator() {
 // AcceleratorBeat stamps the accelerator heartbeat.
 func (s *Segment) AcceleratorBeat() { atomic.StoreUint64(s.accelHB, uint64(monoNow())) }
 
-// AcceleratorHeartbeat beats as accelerator every interval until ctx is
-// done, and returns ctx's error.
-func (s *Segment) AcceleratorHeartbeat(ctx context.Context, interval time.Duration) error {
-	return beatLoop(ctx, interval, s.AcceleratorBeat)
+// AcceleratorHeartbeat beats as accelerator every interval while pulse is
+// Live (nil: always) until ctx is done, and returns ctx's error.
+func (s *Segment) AcceleratorHeartbeat(ctx context.Context, interval time.Duration, pulse *Pulse) error {
+	return beatLoop(ctx, interval, pulse, s.AcceleratorBeat)
 }
 
 // AcceleratorAlive returns nil while an accelerator is running and alive,

@@ -128,13 +128,16 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	return t.shutdownTracer(ctx)
 }
 
-// ServeHTTP serves /metrics and /healthz on addr until ctx ends. ready
-// decides /healthz (nil = always healthy). It returns the bound address
+// ServeHTTP serves /metrics, /healthz and /readyz on addr until ctx ends.
+// /healthz is liveness, live (nil = always): the process's own loops are
+// making progress, whatever its peers do, so an orchestrator restarts it
+// only when it is itself stuck. /readyz is ready (nil = always): it can
+// serve now. It returns the bound address
 // once listening and runs the server in the background; the server stops
 // when ctx is done. addr may use port 0, or a port range "host:9110-9125"
 // meaning the first free port of the range: frontend replicas share one
 // network namespace, and a range lets Prometheus find them all statically.
-func (t *Telemetry) ServeHTTP(ctx context.Context, addr string, ready func() bool) (net.Addr, error) {
+func (t *Telemetry) ServeHTTP(ctx context.Context, addr string, live, ready func() bool) (net.Addr, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -145,11 +148,18 @@ func (t *Telemetry) ServeHTTP(ctx context.Context, addr string, ready func() boo
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(t.Registry, promhttp.HandlerOpts{Registry: t.Registry}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if live != nil && !live() {
+			http.Error(w, "stuck: a work loop has made no progress", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		if ready != nil && !ready() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintln(w, "ok")
+		fmt.Fprintln(w, "ready")
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

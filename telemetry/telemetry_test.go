@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"go.opentelemetry.io/otel/sdk/trace"
@@ -23,8 +24,9 @@ func TestServeHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready := false
-	addr, err := tel.ServeHTTP(ctx, "127.0.0.1:0", func() bool { return ready })
+	var live, ready atomic.Bool
+	live.Store(true)
+	addr, err := tel.ServeHTTP(ctx, "127.0.0.1:0", live.Load, ready.Load)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,12 +39,21 @@ func TestServeHTTP(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if code, _ := get("/healthz"); code != http.StatusServiceUnavailable {
-		t.Fatalf("/healthz before ready = %d, want 503", code)
-	}
-	ready = true
+	// Liveness does not depend on readiness: a process waiting for its
+	// peers is alive, and must not be restarted for it.
 	if code, _ := get("/healthz"); code != http.StatusOK {
-		t.Fatalf("/healthz when ready = %d, want 200", code)
+		t.Fatalf("/healthz of a live process not yet ready = %d, want 200", code)
+	}
+	if code, _ := get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz before ready = %d, want 503", code)
+	}
+	ready.Store(true)
+	if code, _ := get("/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz when ready = %d, want 200", code)
+	}
+	live.Store(false)
+	if code, body := get("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "stuck") {
+		t.Fatalf("/healthz of a stuck process = %d %q, want 503", code, body)
 	}
 	code, body := get("/metrics")
 	if code != http.StatusOK || !strings.Contains(body, "go_goroutines") || !strings.Contains(body, "process_") {

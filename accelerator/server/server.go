@@ -62,6 +62,35 @@ type Server struct {
 	// times are the execution time estimates of each executor, calibrated
 	// once and carried across generations.
 	times map[*executor.Executor]*execTimes
+	// pulses are the serving loops' proofs of progress, one per attached
+	// generation (Live).
+	pulses map[*shm.Pulse]struct{}
+}
+
+// Allowances of the serving loop's long steps (shm.Pulse.Expect): past
+// them without progress, the loop counts as stuck.
+const (
+	// calibrationAllowance covers timing every bucket once at attach.
+	calibrationAllowance = 2 * time.Minute
+	// runSlack is added to a batch's expected execution time.
+	runSlack = 2 * time.Second
+)
+
+// runAllowance is how long one batch may take before the loop counts as
+// stuck: several times its estimate, plus slack for a busy machine.
+func runAllowance(estimate time.Duration) time.Duration { return 8*estimate + runSlack }
+
+// Live reports whether every serving loop is making progress (true with
+// none attached: waiting for a generation is not being stuck).
+func (s *Server) Live() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for p := range s.pulses {
+		if !p.Live(0) {
+			return false
+		}
+	}
+	return true
 }
 
 // New checks the options.
@@ -88,6 +117,7 @@ func New(opts Options) (*Server, error) {
 		m:      newMetrics(opts.Registry, opts.Executor.Buckets()),
 		refs:   map[*executor.Executor]int{},
 		times:  map[*executor.Executor]*execTimes{},
+		pulses: map[*shm.Pulse]struct{}{},
 		tracer: newTracer(opts.Tracer),
 	}
 	return s, nil
@@ -226,7 +256,19 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 	// caller unmaps it.
 	beat := make(chan struct{})
 	defer func() { cancel(); <-beat }()
-	go func() { defer close(beat); _ = seg.AcceleratorHeartbeat(ctx, 0) }()
+	// The heartbeat stands for this loop: it beats only while the loop
+	// ticks (every wake-up of the batch wait, every batch), so a loop stuck
+	// in a device call stops it and the embedder declares us hung.
+	pulse := shm.NewPulse()
+	s.mu.Lock()
+	s.pulses[pulse] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.pulses, pulse)
+		s.mu.Unlock()
+	}()
+	go func() { defer close(beat); _ = seg.AcceleratorHeartbeat(ctx, 0, pulse) }()
 
 	g := seg.Geometry()
 	writers := make([]*shm.CompletionWriter, g.Lanes)
@@ -246,7 +288,9 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 			}
 		}
 	}()
+	pulse.Expect(calibrationAllowance)
 	times, err := s.execTimesFor(ex)
+	pulse.Tick()
 	if err != nil {
 		return fmt.Errorf("accelerator: calibrate: %w", err)
 	}
@@ -256,7 +300,9 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 	touched := make([]bool, g.Lanes)
 	scores := make([]float32, ex.MaxBucket())
 	reader := seg.BatchReader()
+	reader.Pulse = pulse
 	for {
+		pulse.Tick()
 		b, err := reader.Wait(ctx)
 		if err != nil {
 			if errors.Is(err, shm.ErrCorrupt) {
@@ -272,6 +318,8 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 			}
 			inputs[b.Staging] = in
 		}
+		_, idx, _ := ex.BucketFor(max(b.Examples, 1))
+		pulse.Expect(runAllowance(times.estimate(idx)))
 		s.runBatch(ex, seg, times, reader, b, inputs[b.Staging], writers, touched, scores)
 		if err := reader.Done(b); err != nil {
 			return err

@@ -63,7 +63,7 @@ ENV RECMESH_BUNDLE=/data/dlrm-cap1000 \
 EXPOSE 9103
 # Start-up compiles the XLA programs for every batch bucket: give it time.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
-    CMD ["/usr/local/bin/recmesh", "health", "--http", "http://127.0.0.1:9103/healthz"]
+    CMD ["/usr/local/bin/recmesh", "health", "--http", "http://127.0.0.1:9103/readyz"]
 ENTRYPOINT ["/usr/local/bin/accelerator"]
 CMD ["serve"]
 

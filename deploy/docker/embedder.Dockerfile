@@ -39,5 +39,5 @@ ENV RECMESH_BUNDLE=/data/dlrm-cap1000 \
     OTEL_SERVICE_NAME=recmesh-embedder
 EXPOSE 9102
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
-    CMD ["/usr/local/bin/recmesh", "health", "--http", "http://127.0.0.1:9102/healthz"]
+    CMD ["/usr/local/bin/recmesh", "health", "--http", "http://127.0.0.1:9102/readyz"]
 ENTRYPOINT ["/usr/local/bin/embedder"]

@@ -69,7 +69,7 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := tel.ServeHTTP(ctx, *metricsAddr, func() bool { return srv.Generation() != 0 }); err != nil {
+	if _, err := tel.ServeHTTP(ctx, *metricsAddr, srv.Live, func() bool { return srv.Generation() != 0 }); err != nil {
 		return err
 	}
 	if *natsURL != "" {

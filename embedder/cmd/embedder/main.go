@@ -191,7 +191,7 @@ func run(args []string) error {
 		}()
 	}
 	ready := func() bool { return e.Current().Generation != 0 }
-	if _, err := tel.ServeHTTP(ctx, *metricsAddr, ready); err != nil {
+	if _, err := tel.ServeHTTP(ctx, *metricsAddr, e.Live, ready); err != nil {
 		e.Close()
 		return err
 	}

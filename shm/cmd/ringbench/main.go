@@ -84,7 +84,7 @@ func run(dir string, trips, warmup, stream int) error {
 	beats := make(chan struct{})
 	go func() {
 		defer close(beats)
-		seg.Heartbeat(ctx, 0)
+		seg.Heartbeat(ctx, 0, nil)
 	}()
 	defer func() { cancel(); <-beats }() // stop beating before Close unmaps
 
@@ -191,7 +191,7 @@ func runPeer(path string) error {
 	beats := make(chan struct{})
 	go func() {
 		defer close(beats)
-		seg.AcceleratorHeartbeat(ctx, 0)
+		seg.AcceleratorHeartbeat(ctx, 0, nil)
 	}()
 	defer func() { cancel(); <-beats }() // stop beating before Close unmaps
 	rr, err := seg.RequestReader(0)
