@@ -78,8 +78,9 @@ func TestComposeServices(t *testing.T) {
 		}
 		lanes = n
 	}
-	if need := segmentBytes(lanes); int64(emb.ShmSize) < need {
-		t.Errorf("embedder shm_size %d bytes is less than the %d-lane segment's %d", emb.ShmSize, lanes, need)
+	// The embedder reserves each generation whole, and a rollout holds two.
+	if need := 2 * segmentBytes(lanes); int64(emb.ShmSize) < need {
+		t.Errorf("embedder shm_size %d bytes is less than two %d-lane segments' %d (a rollout)", emb.ShmSize, lanes, need)
 	}
 	// The frontends listen in the embedder's network namespace, so the
 	// embedder publishes their port.

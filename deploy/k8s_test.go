@@ -429,7 +429,8 @@ func checkServing(t *testing.T, r *rendered, shm string, gpu bool) {
 			t.Errorf("serving container %s does not mount the shm volume writable at RECMESH_SHM_DIR %q", name, dir)
 		}
 	}
-	need := resource.NewQuantity(segmentBytes(lanes), resource.BinarySI)
+	// Two generations during a rollout, each reserved whole.
+	need := resource.NewQuantity(2*segmentBytes(lanes), resource.BinarySI)
 	v := volume(spec, "shm")
 	if v == nil {
 		t.Fatal("the serving pod has no shm volume")

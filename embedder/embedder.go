@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/recmesh/recmesh/embedder/batch"
@@ -58,6 +59,10 @@ type Options struct {
 	// Staging is the number of staging buffers: the batches in flight to
 	// the accelerator. Default 2 (one filling while one executes).
 	Staging int
+	// LazySegment leaves the segment's memory to be allocated on first
+	// touch instead of reserving it all when a generation is created; a
+	// full shared-memory directory then surfaces as SIGBUS mid-serve.
+	LazySegment bool
 	// Log and Registry; defaults discard logs and use a private registry.
 	Log      *slog.Logger
 	Registry prometheus.Registerer
@@ -387,7 +392,18 @@ func (e *Embedder) create(store *Store) (*generation, error) {
 			StagingBytes:    staging.Size,
 			MaxBatchEntries: e.opts.MaxBatch,
 		},
+		Reserve: !e.opts.LazySegment,
 	})
+	if errors.Is(err, unix.ENOSPC) {
+		var st unix.Statfs_t
+		free := "unknown"
+		if unix.Statfs(e.opts.ShmDir, &st) == nil {
+			free = fmt.Sprintf("%d MiB", int64(st.Bavail)*st.Bsize>>20)
+		}
+		return nil, fmt.Errorf("embedder: reserve the segment in %s: %s free is too little (a rollout holds two generations at once): "+
+			"enlarge it (docker --shm-size, compose RECMESH_SHM_SIZE, the Kubernetes shm emptyDir's sizeLimit) or lower --lanes or --max-batch: %w",
+			e.opts.ShmDir, free, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("embedder: create segment %s/%s (check --shm-dir and its free space): %w", e.opts.ShmDir, e.opts.Segment, err)
 	}

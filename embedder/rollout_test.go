@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/recmesh/recmesh/embedder/batch"
 	"github.com/recmesh/recmesh/model"
 )
@@ -92,5 +94,36 @@ func TestMemAvailable(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "memory.max"), []byte("1000\n"), 0o644)
 	if left, ok := cgroupLeft(dir); !ok || left != 900 {
 		t.Errorf("cgroupLeft = %d, %v; want 900", left, ok)
+	}
+}
+
+// TestSegmentReservationError: a shared-memory directory too small for the
+// segment fails the start with an error naming the knobs, not a SIGBUS.
+func TestSegmentReservationError(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=8m"); err != nil {
+		t.Skipf("cannot mount a small tmpfs here (needs root): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, 0) })
+	bundle := t.TempDir()
+	if err := model.Export(context.Background(), bundle, model.DLRMv2(model.DevVocabCap), 5, nil); err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Bundle: bundle, ShmDir: dir, Segment: "tiny", Lanes: 2, Mode: batch.None, MaxBatch: 64, Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	_, err = e.create(e.Store())
+	if err == nil {
+		t.Fatal("a segment was created in an 8 MiB directory")
+	}
+	for _, want := range []string{dir, "RECMESH_SHM_SIZE", "--lanes", "sizeLimit"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("the failed reservation left %d files behind", len(entries))
 	}
 }

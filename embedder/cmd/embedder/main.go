@@ -72,6 +72,7 @@ func run(args []string) error {
 		window      = fs.Duration("batch-window", batch.DefaultWindow, "how long a full-mode batch waits for more requests")
 		workers     = fs.Int("workers", 0, "lookup goroutines (0: the usable cores)")
 		staging     = fs.Int("staging", embedder.DefaultStaging, "staging buffers: batches in flight to the accelerator")
+		reserve     = fs.Bool("reserve-segment", true, "reserve each segment's memory when it is created, so a full --shm-dir fails the start with an error instead of a SIGBUS mid-serve")
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:9102", "address of /metrics and /healthz (empty: off; loopback by default, \":9102\" for every interface)")
 		natsURL     = fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: no control plane)")
 	)
@@ -140,7 +141,7 @@ func run(args []string) error {
 	}
 	e, err := embedder.New(embedder.Options{
 		Bundle: startBundle, ShmDir: *shmDir, Segment: *segment, Lanes: *lanes,
-		Mode: m, MaxBatch: *maxBatch, Window: *window, LatencyTarget: *target, Workers: *workers, Staging: *staging,
+		Mode: m, MaxBatch: *maxBatch, Window: *window, LatencyTarget: *target, Workers: *workers, Staging: *staging, LazySegment: !*reserve,
 		Log: tel.Log, Registry: tel.Registry, OnGeneration: announce, Tracer: tel.Tracer,
 	})
 	if err != nil {
