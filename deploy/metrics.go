@@ -73,6 +73,7 @@ var Metrics = []Metric{
 	{"recmesh_embedder_predicted_execute_seconds", Histogram, nil, []string{Embedder}},
 	{"recmesh_embedder_slo_margin_seconds", Gauge, nil, []string{Embedder}},
 	{"recmesh_embedder_arrival_wait_seconds", Histogram, nil, []string{Embedder}},
+	{"recmesh_embedder_generation_failures_total", Counter, nil, []string{Embedder}},
 
 	// Accelerator.
 	{"recmesh_accelerator_requests_total", Counter, []string{"status"}, []string{Accelerator}},

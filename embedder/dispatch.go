@@ -220,6 +220,9 @@ func (d *dispatcher) housekeeping(now time.Time) error {
 	}
 	if now.Sub(d.lastMetrics) >= metricsInterval {
 		d.lastMetrics = now
+		if err := d.seg.CheckFile(); err != nil {
+			return err
+		}
 		inUse, depth := 0, 0
 		ringCap := float64(d.seg.Geometry().RingCapacity)
 		for _, l := range d.seg.Lanes() {

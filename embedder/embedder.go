@@ -18,8 +18,8 @@ import (
 	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sys/unix"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sys/unix"
 
 	"github.com/recmesh/recmesh/embedder/batch"
 	"github.com/recmesh/recmesh/embedder/lookup"
@@ -37,6 +37,10 @@ const (
 	metricsInterval  = 250 * time.Millisecond
 	maxReadsPerLane  = 64 // per round, so one busy lane cannot starve the others
 	regenerateBackof = 100 * time.Millisecond
+	// regenerateMaxBackoff bounds the wait between generations that keep
+	// failing; one that served regenerateReset resets it.
+	regenerateMaxBackoff = 5 * time.Second
+	regenerateReset      = 30 * time.Second
 )
 
 // Options configure an Embedder. Zero fields take the defaults.
@@ -205,7 +209,11 @@ func (e *Embedder) Lanes() []shm.LaneInfo {
 	if e.seg == nil {
 		return nil
 	}
-	return e.seg.Lanes()
+	// Status requests read the mapping from NATS's goroutine: a truncated
+	// file must cost them the lanes, not the process.
+	var lanes []shm.LaneInfo
+	_ = shm.GuardFaults(func() error { lanes = e.seg.Lanes(); return nil })
+	return lanes
 }
 
 // Load rolls out the bundle at dir: it loads the new tables while the
@@ -280,6 +288,7 @@ func (e *Embedder) Run(ctx context.Context) error {
 		e.Store().Close()
 		return err
 	}
+	backoff := regenerateBackof / 2
 	for {
 		select {
 		case <-ctx.Done():
@@ -316,20 +325,28 @@ func (e *Embedder) Run(ctx context.Context) error {
 				continue
 			}
 			_ = g.seg.Close()
-			// Remove deletes the file only while it is still this
-			// generation's, never a newer one that replaced it.
-			if !errors.Is(end.err, errAcceleratorGone) {
-				_ = g.seg.Remove()
-				e.Store().Close()
-				return end.err
+			// Whatever ended the generation, the accelerator's death or a
+			// segment someone corrupted or truncated, the process lives on:
+			// a new generation takes over, and frontends and the
+			// accelerator re-attach to it. Back off while generations keep
+			// failing fast.
+			if errors.Is(end.err, errAcceleratorGone) {
+				e.log.Warn("accelerator died; starting a new generation", "generation", g.seg.Generation())
+			} else {
+				e.m.genFailures.Inc()
+				e.log.Error("generation failed; starting a new one", "generation", g.seg.Generation(), "err", end.err)
 			}
-			e.log.Warn("accelerator died; starting a new generation", "generation", g.seg.Generation())
+			if time.Since(g.started) > regenerateReset {
+				backoff = regenerateBackof
+			} else {
+				backoff = min(2*backoff, regenerateMaxBackoff)
+			}
 			select {
 			case <-ctx.Done():
 				_ = g.seg.Remove()
 				e.Store().Close()
 				return nil
-			case <-time.After(regenerateBackof):
+			case <-time.After(backoff):
 			}
 			if cur, err = start(e.Store()); err != nil {
 				e.Store().Close()
@@ -372,7 +389,8 @@ type generation struct {
 	replaced atomic.Bool // a newer generation took over: drain and stop
 	// pulse is the dispatcher loop's proof of progress: the owner
 	// heartbeat and the process's /healthz follow it.
-	pulse *shm.Pulse
+	pulse   *shm.Pulse
+	started time.Time
 }
 
 func (e *Embedder) create(store *Store) (*generation, error) {
@@ -380,10 +398,17 @@ func (e *Embedder) create(store *Store) (*generation, error) {
 	// Sized for the bucket of a full batch: the accelerator reads whole
 	// buckets, padding rows included, from the staging buffer.
 	staging := cfg.Staging(model.PowerOfTwoCeil(e.opts.MaxBatch))
+	// Generations count on from our own last one, not only from the file
+	// at the path, which may have been truncated past reading.
+	var next uint64
+	if last := e.Current().Generation; last != 0 {
+		next = last + 1
+	}
 	seg, err := shm.Create(shm.Options{
-		Name:    e.opts.Segment,
-		Dir:     e.opts.ShmDir,
-		ModelID: cfg.ID(),
+		Name:       e.opts.Segment,
+		Dir:        e.opts.ShmDir,
+		Generation: next,
+		ModelID:    cfg.ID(),
 		Geometry: shm.Geometry{
 			Lanes:           e.opts.Lanes,
 			MaxExamples:     e.opts.MaxBatch,
@@ -419,7 +444,7 @@ func (e *Embedder) create(store *Store) (*generation, error) {
 	if e.opts.OnGeneration != nil {
 		e.opts.OnGeneration(g)
 	}
-	return &generation{seg: seg, store: store, pulse: shm.NewPulse()}, nil
+	return &generation{seg: seg, store: store, pulse: shm.NewPulse(), started: time.Now()}, nil
 }
 
 // openBatch is the batch being filled in one staging buffer. One exists
@@ -470,10 +495,20 @@ func (e *Embedder) serve(ctx context.Context, g *generation) error {
 		delete(e.pulses, pulse)
 		e.mu.Unlock()
 	}()
+	// Every goroutine that touches the mapping guards against faults: a
+	// process that truncates the segment file ends this generation (the
+	// first fault is its error), never the embedder.
+	var fault atomic.Pointer[error]
+	guard := func(fn func() error) {
+		if err := shm.GuardFaults(fn); errors.Is(err, shm.ErrSegmentLost) {
+			fault.CompareAndSwap(nil, &err)
+			cancel()
+		}
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_ = seg.Heartbeat(ctx, 0, pulse)
+		guard(func() error { return seg.Heartbeat(ctx, 0, pulse) })
 	}()
 
 	jobs := make(chan job, 4096)
@@ -482,21 +517,29 @@ func (e *Embedder) serve(ctx context.Context, g *generation) error {
 		go func() {
 			defer wg.Done()
 			w := newWorker(e, g.store)
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case j := <-jobs:
-					w.run(j)
+			guard(func() error {
+				for {
+					select {
+					case <-ctx.Done():
+						return nil
+					case j := <-jobs:
+						w.run(j)
+					}
 				}
-			}
+			})
 		}()
 	}
-	d, err := e.newDispatcher(g, jobs)
-	if err != nil {
-		return err
+	err := shm.GuardFaults(func() error {
+		d, err := e.newDispatcher(g, jobs)
+		if err != nil {
+			return err
+		}
+		return d.run(ctx)
+	})
+	if f := fault.Load(); f != nil {
+		return *f
 	}
-	return d.run(ctx)
+	return err
 }
 
 // worker does lookup jobs with its own scratch, so ids read from shared

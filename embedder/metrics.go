@@ -23,6 +23,9 @@ type metrics struct {
 	// recmesh_embedder_batch_examples.
 	predictedExec prometheus.Histogram
 	sloMargin     prometheus.Gauge
+	// genFailures counts generations that ended on an error of their own
+	// (a corrupt or truncated segment), not the accelerator's death.
+	genFailures prometheus.Counter
 
 	// Pre-bound children so the hot path does no label lookups.
 	reqOK, reqInvalid, reqExpired, reqCanceled, reqCorrupt, reqShed prometheus.Counter
@@ -82,6 +85,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "recmesh_embedder_slo_margin_seconds",
 			Help: "SLO mode: the part of the latency target kept back from batch plans, moved by the share of served calls that missed the target.",
 		}),
+		genFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "recmesh_embedder_generation_failures_total",
+			Help: "Segment generations that failed on their own (a corrupt or truncated segment) and were replaced by a new one.",
+		}),
 		predictedExec: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "recmesh_embedder_predicted_execute_seconds",
 			Help:    "SLO mode: the execution time predicted for each sealed batch.",
@@ -89,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.requests, m.queueWait, m.arrivalWait, m.lookup, m.batch, m.queueDepth, m.occupancy,
-		m.lanesInUse, m.hugeFraction, m.generation, m.tableBytes, m.predictedExec, m.sloMargin)
+		m.lanesInUse, m.hugeFraction, m.generation, m.tableBytes, m.predictedExec, m.sloMargin, m.genFailures)
 	m.reqOK = m.requests.WithLabelValues("ok")
 	m.reqInvalid = m.requests.WithLabelValues("invalid")
 	m.reqExpired = m.requests.WithLabelValues("expired")

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -125,5 +126,59 @@ func TestSegmentReservationError(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("the failed reservation left %d files behind", len(entries))
+	}
+}
+
+// TestTruncatedSegmentRegenerates: any process that may write the segment
+// file can truncate it. The embedder must not die of the SIGBUS: it ends
+// that generation and serves a new one, for every size the file is cut to.
+func TestTruncatedSegmentRegenerates(t *testing.T) {
+	bundle := t.TempDir()
+	if err := model.Export(context.Background(), bundle, model.DLRMv2(model.DevVocabCap), 5, nil); err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("recmesh-truncate-test-%d", os.Getpid())
+	e, err := New(Options{Bundle: bundle, Segment: name, Lanes: 2, Mode: batch.None, MaxBatch: 64, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- e.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	path := filepath.Join("/dev/shm", name)
+	waitGen := func(after uint64) uint64 {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			select {
+			case err := <-runErr:
+				t.Fatalf("the embedder stopped: %v", err)
+			default:
+			}
+			if g := e.Current().Generation; g > after {
+				return g
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("no generation after %d", after)
+		return 0
+	}
+	gen := waitGen(0)
+	for _, size := range []int64{16 << 10, 0, 5000} {
+		if err := os.Truncate(path, size); err != nil {
+			t.Fatal(err)
+		}
+		next := waitGen(gen)
+		t.Logf("truncated generation %d to %d bytes: generation %d serves", gen, size, next)
+		gen = next
+		if !e.Live() {
+			t.Error("the embedder is not live after replacing the generation")
+		}
 	}
 }

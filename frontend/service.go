@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"runtime"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -94,7 +96,20 @@ func (s *service) ModelMetadata(_ context.Context, req *inference.ModelMetadataR
 // ModelInfer validates the request from its bytes, then acquires a backend
 // slot, decodes the inputs straight into it, submits it and answers with
 // the scores. A request that fails validation never reaches the backend.
-func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
+func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (resp *inference.ModelInferResponse, err error) {
+	// The call writes its inputs into, and reads its scores from, memory
+	// the backend may share with other processes (the mesh's segment). If
+	// someone truncates that under us, the access faults: the call fails
+	// UNAVAILABLE instead of the process dying.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if !isMemoryFault(r) {
+				panic(r)
+			}
+			resp, err = nil, status.Errorf(codes.Unavailable, "the model backend's shared memory was lost mid-call (%v); retry", r)
+		}
+	}()
 	start := time.Now()
 	if n := s.calls.Add(1); s.maxCalls > 0 && n > s.maxCalls {
 		s.calls.Add(-1)
@@ -234,4 +249,15 @@ func (s *service) admit(ctx context.Context, info *tap.Info) (context.Context, e
 		return ctx, errOverloaded(s.calls.Load())
 	}
 	return ctx, nil
+}
+
+// isMemoryFault reports whether a recovered panic is a memory fault turned
+// into a panic by debug.SetPanicOnFault (it carries the faulting address).
+func isMemoryFault(r any) bool {
+	re, ok := r.(runtime.Error)
+	if !ok {
+		return false
+	}
+	_, ok = re.(interface{ Addr() uintptr })
+	return ok
 }

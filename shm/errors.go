@@ -55,6 +55,10 @@ var (
 	// may trust: a symbolic link, not a regular file, owned by another user,
 	// or writable by every user.
 	ErrUnsafeFile = errors.New("shm: unsafe segment file")
+	// ErrSegmentLost: an access to the mapping faulted: the file was
+	// truncated under it. The generation is unusable; re-attach or, as
+	// owner, create the next one.
+	ErrSegmentLost = errors.New("shm: segment lost (the file was truncated under the mapping)")
 )
 
 // errorf wraps a sentinel with a formatted detail.

@@ -208,14 +208,22 @@ func markDraining(path string) {
 		return
 	}
 	defer f.Close()
+	// A file cut short (someone truncated it) has no header to mark, and
+	// may shrink further under the mapping: check, then guard.
+	if fi, err := f.Stat(); err != nil || fi.Size() < HeaderBytes {
+		return
+	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, HeaderBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return
 	}
 	defer unix.Munmap(mem)
-	if get64(mem, hdrMagic) == segmentMagic && get32(mem, hdrVersion) == LayoutVersion {
-		atomic.CompareAndSwapUint32(word32(mem, hdrState), uint32(StateReady), uint32(StateDraining))
-	}
+	_ = GuardFaults(func() error {
+		if get64(mem, hdrMagic) == segmentMagic && get32(mem, hdrVersion) == LayoutVersion {
+			atomic.CompareAndSwapUint32(word32(mem, hdrState), uint32(StateReady), uint32(StateDraining))
+		}
+		return nil
+	})
 }
 
 // Attach maps the segment at path for a frontend or the accelerator. It
@@ -671,15 +679,20 @@ func (s *Segment) Close() error {
 	if s.mem == nil {
 		return fmt.Errorf("shm: close %s: already closed", s.path)
 	}
-	if s.owner {
-		for {
-			st := atomic.LoadUint32(s.state)
-			if st == uint32(StateClosed) || atomic.CompareAndSwapUint32(s.state, st, uint32(StateClosed)) {
-				break
+	// The farewell words go into the mapping, which a truncated file no
+	// longer backs: that fault must not stop the unmap.
+	_ = GuardFaults(func() error {
+		if s.owner {
+			for {
+				st := atomic.LoadUint32(s.state)
+				if st == uint32(StateClosed) || atomic.CompareAndSwapUint32(s.state, st, uint32(StateClosed)) {
+					break
+				}
 			}
 		}
-	}
-	s.DetachAccelerator()
+		s.DetachAccelerator()
+		return nil
+	})
 	err := unix.Munmap(s.mem)
 	s.mem = nil
 	if s.file != nil {
@@ -689,6 +702,25 @@ func (s *Segment) Close() error {
 	}
 	if err != nil {
 		return fmt.Errorf("shm: close %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// CheckFile reports ErrSegmentLost when the file behind the mapping no
+// longer covers it: anyone who may write the file can truncate it, and the
+// pages past the new end fault on their next access, which may be long
+// after (an idle lane). The owner checks now and then, so a truncated
+// generation is replaced at once rather than at the first unlucky touch.
+func (s *Segment) CheckFile() error {
+	if s.file == nil {
+		return nil
+	}
+	fi, err := s.file.Stat()
+	if err != nil {
+		return fmt.Errorf("shm: check %s: %w", s.path, err)
+	}
+	if fi.Size() < int64(len(s.mem)) {
+		return fmt.Errorf("%w: %s is %d bytes, the mapping %d", ErrSegmentLost, s.path, fi.Size(), len(s.mem))
 	}
 	return nil
 }

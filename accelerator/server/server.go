@@ -191,9 +191,11 @@ func (s *Server) serveGeneration(ctx context.Context, seg *shm.Segment, ex *exec
 	s.gen.Store(gen)
 	s.m.generation.Set(float64(gen))
 	s.log.Info("attached", "path", seg.Path(), "generation", gen, "model", seg.ModelID())
-	err := s.serve(ctx, seg, ex)
+	// A fault on the mapping (someone truncated the segment file) ends
+	// this generation, not the process; the embedder replaces it.
+	err := shm.GuardFaults(func() error { return s.serve(ctx, seg, ex) })
 	s.gen.CompareAndSwap(gen, 0)
-	seg.DetachAccelerator()
+	_ = shm.GuardFaults(func() error { seg.DetachAccelerator(); return nil })
 	_ = seg.Close()
 	s.mu.Lock()
 	s.refs[ex]--
@@ -268,7 +270,12 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 		delete(s.pulses, pulse)
 		s.mu.Unlock()
 	}()
-	go func() { defer close(beat); _ = seg.AcceleratorHeartbeat(ctx, 0, pulse) }()
+	go func() {
+		defer close(beat)
+		if err := shm.GuardFaults(func() error { return seg.AcceleratorHeartbeat(ctx, 0, pulse) }); errors.Is(err, shm.ErrSegmentLost) {
+			cancel() // the loop would fault next: end the generation
+		}
+	}()
 
 	g := seg.Geometry()
 	writers := make([]*shm.CompletionWriter, g.Lanes)

@@ -182,8 +182,20 @@ func (b *Backend) attach(ctx context.Context) (*attachment, error) {
 		a.slots[i] = slotHandle{a: a, index: i, status: make(chan uint32, 1)}
 	}
 	a.loops.Add(2)
-	go func() { defer a.loops.Done(); _ = lane.Heartbeat(actx, 0) }()
-	go func() { defer a.loops.Done(); a.readCompletions(actx) }()
+	// Both loops touch the mapping: a fault (the segment file truncated
+	// under it) fails this attachment, and the manager attaches anew.
+	go func() {
+		defer a.loops.Done()
+		if err := shm.GuardFaults(func() error { return lane.Heartbeat(actx, 0) }); errors.Is(err, shm.ErrSegmentLost) {
+			a.fail(err)
+		}
+	}()
+	go func() {
+		defer a.loops.Done()
+		if err := shm.GuardFaults(func() error { a.readCompletions(actx); return nil }); err != nil {
+			a.fail(err)
+		}
+	}()
 	a.accel.Store(seg.AcceleratorAlive(0) == nil)
 	return a, nil
 }
@@ -281,9 +293,14 @@ func (a *attachment) fail(err error) {
 	})
 }
 
+// maxBadCompletions is how many corrupt or stale completions in a row a
+// lane tolerates before it is abandoned for a new attachment.
+const maxBadCompletions = 8
+
 // readCompletions delivers completions to waiting calls and frees the
 // slots of calls that gave up. It is the lane's only completion consumer.
 func (a *attachment) readCompletions(ctx context.Context) {
+	bad := 0 // bad completions in a row
 	for {
 		c, err := a.lane.WaitCompletion(ctx)
 		if err != nil {
@@ -292,12 +309,19 @@ func (a *attachment) readCompletions(ctx context.Context) {
 				return
 			}
 			if errors.Is(err, shm.ErrCorrupt) || errors.Is(err, shm.ErrStaleEpoch) {
-				a.b.log.Warn("dropped a bad completion", "err", err)
-				continue
+				// One bad entry is dropped; a ring that keeps yielding
+				// them (a corrupt counter does, without ever advancing)
+				// is given up rather than spun on.
+				if bad++; bad <= maxBadCompletions {
+					a.b.log.Warn("dropped a bad completion", "err", err)
+					continue
+				}
+				err = fmt.Errorf("%d bad completions in a row, the lane's completion ring is unusable: %w", bad, err)
 			}
 			a.fail(err)
 			return
 		}
+		bad = 0
 		h := &a.slots[c.Slot]
 		if h.state.CompareAndSwap(stWaiting, stDone) {
 			h.status <- c.Status
