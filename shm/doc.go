@@ -69,6 +69,33 @@
 // never makes it panic or read outside the mapping. No Go pointer is ever
 // stored in shared memory: it holds only integers and bytes.
 //
+// What a misbehaving frontend can do, and what contains it:
+//
+//   - Corrupt its own lane's words: the embedder's reader rejects the
+//     entry, and a ring whose counters cannot be trusted gets the lane
+//     evicted (Segment.EvictLane); the frontend's own reader gives up a
+//     completion ring that keeps yielding corrupt entries and attaches
+//     anew. Other lanes are untouched.
+//   - Truncate or shrink the file: every goroutine that touches a mapping
+//     runs under GuardFaults, so the resulting SIGBUS is an ErrSegmentLost
+//     error for that goroutine, never a crash; the owner also checks the
+//     file's size (CheckFile) and replaces the generation, and everyone
+//     attaches to the next one. In-flight calls of that generation fail
+//     UNAVAILABLE.
+//   - Plant a file or a symbolic link at the path: the segment is created
+//     O_EXCL|O_NOFOLLOW and opened O_NOFOLLOW, and a file of another owner,
+//     writable by others or not regular is refused (ErrUnsafeFile).
+//   - Stop beating or hang: heartbeats stand for the work loops (Pulse),
+//     so a stuck process is declared hung, not just a dead one.
+//
+// Processes of the same user can still write any word of the header, the
+// batch ring or the staging buffers, which the embedder and the
+// accelerator alone should: such corruption is detected (validation,
+// ErrState) and ends the generation, which is replaced, but it is not
+// confined to the offender's lane. A hard boundary there needs the
+// frontends to run as another user with those regions mapped read-only,
+// which this layout (one file) does not yet allow; see docs/security.md.
+//
 // # Platform
 //
 // The package is Linux-only: doorbells are shared futexes, liveness reads
