@@ -547,3 +547,9 @@ func (s *Segment) ServedCalls() (calls, misses uint64) {
 	}
 	return calls, misses
 }
+
+// ControlBlock is the lane's control block as raw bytes: header, doorbell,
+// ring counters, ring entries and slot table. Nothing in recmesh writes it
+// this way; fault-injection tools (make chaos's hostile frontend) do, to
+// prove that what one lane's owner scribbles there stays in its lane.
+func (l *Lane) ControlBlock() []byte { return l.ctl.block }

@@ -258,6 +258,15 @@ func attach(path string, want AttachOptions) (*Segment, error) {
 		f.Close()
 		return nil, fmt.Errorf("%w: file size %d", ErrGeometry, size)
 	}
+	// Map the size the owner wrote, not the file's: anyone who may write
+	// the file can extend it, and what lies past the segment is nobody's.
+	// A file shorter than that is refused below (parseHeader).
+	var hdr [hdrFileSize + 8]byte
+	if _, err := f.ReadAt(hdr[:], 0); err == nil && get64(hdr[:], hdrMagic) == segmentMagic {
+		if recorded := int64(get64(hdr[:], hdrFileSize)); recorded >= HeaderBytes && recorded < size {
+			size = recorded
+		}
+	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		f.Close()
