@@ -121,3 +121,23 @@ func (in *Inputs) Close() {
 	}
 	in.mem = nil
 }
+
+// CopyRows copies the first n examples' dense and pooled rows from src, a
+// region laid out as in's (a staging buffer of the same rows), into in. The
+// accelerator runs batches from a private copy so the device never reads
+// memory another process can pull away: XLA's threads are not Go's, and a
+// fault there (the segment file truncated under the mapping) would kill
+// the process. Run the copy under shm.GuardFaults.
+func (in *Inputs) CopyRows(src []byte, n int) error {
+	if n < 0 || n > in.rows {
+		return fmt.Errorf("executor: copy %d rows into a region of %d", n, in.rows)
+	}
+	if len(src) < in.layout.Size {
+		return fmt.Errorf("executor: source region has %d bytes, the layout needs %d", len(src), in.layout.Size)
+	}
+	denseBytes := n * len(in.dense) / in.rows * 4
+	pooledBytes := n * len(in.pooled) / in.rows * 4
+	copy(in.mem[in.layout.DenseOffset:in.layout.DenseOffset+denseBytes], src[in.layout.DenseOffset:in.layout.DenseOffset+denseBytes])
+	copy(in.mem[in.layout.PooledOffset:in.layout.PooledOffset+pooledBytes], src[in.layout.PooledOffset:in.layout.PooledOffset+pooledBytes])
+	return nil
+}

@@ -44,6 +44,12 @@ type Options struct {
 	// Tracer records an execute span per bucket run, linked to every
 	// request it carried. Nil or a no-op provider: no tracing work.
 	Tracer trace.TracerProvider
+	// ZeroCopyStaging lets the device read batches in place from the
+	// segment's staging buffers. Faster by one copy per batch, but a
+	// process that truncates the segment file then faults an XLA thread
+	// and kills the accelerator; by default each batch is copied, under
+	// a fault guard, into private memory first.
+	ZeroCopyStaging bool
 }
 
 // Server serves batches of one embedder.
@@ -287,7 +293,8 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 		writers[i] = w
 	}
 	rows := model.PowerOfTwoCeil(g.MaxExamples)
-	inputs := make([]*executor.Inputs, g.StagingCount)
+	// One region per staging buffer (zero-copy), then the private one.
+	inputs := make([]*executor.Inputs, g.StagingCount+1)
 	defer func() {
 		for _, in := range inputs {
 			if in != nil {
@@ -318,16 +325,13 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 			}
 			return err
 		}
-		if inputs[b.Staging] == nil {
-			in, err := ex.NewInputs(b.Data, rows)
-			if err != nil {
-				return fmt.Errorf("accelerator: wrap staging %d: %w", b.Staging, err)
-			}
-			inputs[b.Staging] = in
+		in, err := s.batchInputs(ex, inputs, b, rows)
+		if err != nil {
+			return err
 		}
 		_, idx, _ := ex.BucketFor(max(b.Examples, 1))
 		pulse.Expect(runAllowance(times.estimate(idx)))
-		s.runBatch(ex, seg, times, reader, b, inputs[b.Staging], writers, touched, scores)
+		s.runBatch(ex, seg, times, reader, b, in, writers, touched, scores)
 		if err := reader.Done(b); err != nil {
 			return err
 		}
@@ -335,6 +339,35 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 		// device frees up: tell it now rather than at its next tick.
 		seg.EmbedderBell().Ring()
 	}
+}
+
+// batchInputs returns the inputs batch b runs from: the staging buffer
+// itself (ZeroCopyStaging; wrapped once per buffer in inputs), or the
+// private region inputs[len(inputs)-1] with the batch's rows copied in.
+// The copy runs in this goroutine, which the caller guards against faults.
+func (s *Server) batchInputs(ex *executor.Executor, inputs []*executor.Inputs, b shm.Batch, rows int) (*executor.Inputs, error) {
+	if s.opts.ZeroCopyStaging {
+		if inputs[b.Staging] == nil {
+			in, err := ex.NewInputs(b.Data, rows)
+			if err != nil {
+				return nil, fmt.Errorf("accelerator: wrap staging %d: %w", b.Staging, err)
+			}
+			inputs[b.Staging] = in
+		}
+		return inputs[b.Staging], nil
+	}
+	priv := &inputs[len(inputs)-1]
+	if *priv == nil {
+		in, err := ex.NewHostInputs(rows)
+		if err != nil {
+			return nil, fmt.Errorf("accelerator: private input region: %w", err)
+		}
+		*priv = in
+	}
+	if err := (*priv).CopyRows(b.Data, b.Examples); err != nil {
+		return nil, fmt.Errorf("accelerator: copy batch %d: %w", b.Seq, err)
+	}
+	return *priv, nil
 }
 
 // execTimesFor returns ex's execution time estimates, calibrating them on
