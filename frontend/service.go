@@ -3,6 +3,8 @@ package frontend
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"math"
 	"runtime"
 	"runtime/debug"
@@ -96,20 +98,7 @@ func (s *service) ModelMetadata(_ context.Context, req *inference.ModelMetadataR
 // ModelInfer validates the request from its bytes, then acquires a backend
 // slot, decodes the inputs straight into it, submits it and answers with
 // the scores. A request that fails validation never reaches the backend.
-func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (resp *inference.ModelInferResponse, err error) {
-	// The call writes its inputs into, and reads its scores from, memory
-	// the backend may share with other processes (the mesh's segment). If
-	// someone truncates that under us, the access faults: the call fails
-	// UNAVAILABLE instead of the process dying.
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if !isMemoryFault(r) {
-				panic(r)
-			}
-			resp, err = nil, status.Errorf(codes.Unavailable, "the model backend's shared memory was lost mid-call (%v); retry", r)
-		}
-	}()
+func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
 	start := time.Now()
 	if n := s.calls.Add(1); s.maxCalls > 0 && n > s.maxCalls {
 		s.calls.Add(-1)
@@ -130,7 +119,20 @@ func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferReque
 		s.load.addInflight(1)
 	}
 	times := callTimes{start: start}
-	resp, n, err := s.infer(ctx, req, &times)
+	resp, n, err := s.guardedInfer(ctx, req, &times)
+	// Scoring is idempotent and the request is still ours: while the
+	// backend replaces the memory that was pulled away (a new generation),
+	// try again, for up to faultRetryWait.
+	for retryEnd := time.Now().Add(faultRetryWait); errors.Is(err, errBackendFault) && time.Now().Before(retryEnd); {
+		time.Sleep(faultRetryPause)
+		if !s.waitReady(ctx, time.Until(retryEnd)) {
+			break
+		}
+		resp, n, err = s.guardedInfer(ctx, req, &times)
+	}
+	if errors.Is(err, errBackendFault) {
+		err = status.Errorf(codes.Unavailable, "the model backend's shared memory was lost mid-call; retry: %v", err)
+	}
 	if s.load != nil {
 		s.load.addInflight(-1)
 	}
@@ -139,6 +141,47 @@ func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferReque
 	s.metrics.done(start, n, code)
 	s.stats.record(&times, n, err == nil, time.Now())
 	return resp, err
+}
+
+// errBackendFault is returned by guardedInfer when the call's access to
+// backend memory faulted.
+var errBackendFault = errors.New("frontend: memory fault in the model backend's memory")
+
+// faultRetryWait bounds how long a call whose backend memory was pulled
+// away waits for the backend to serve again before its one retry.
+const faultRetryWait = 2 * time.Second
+
+// faultRetryPause lets the backend notice the loss before the next try.
+const faultRetryPause = 50 * time.Millisecond
+
+// guardedInfer is infer with memory faults turned into errBackendFault.
+// The call writes its inputs into, and reads its scores from, memory the
+// backend may share with other processes (the mesh's segment); if someone
+// truncates that under us, the access faults, and the process must not die
+// of it.
+func (s *service) guardedInfer(ctx context.Context, req *inference.ModelInferRequest, t *callTimes) (resp *inference.ModelInferResponse, n int, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if !isMemoryFault(r) {
+				panic(r)
+			}
+			resp, err = nil, fmt.Errorf("%w: %v", errBackendFault, r)
+		}
+	}()
+	return s.infer(ctx, req, t)
+}
+
+// waitReady waits up to d (and ctx) for the backend to be ready.
+func (s *service) waitReady(ctx context.Context, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for !s.backend.Ready() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }
 
 // infer is ModelInfer without the bookkeeping; n is the batch size. t

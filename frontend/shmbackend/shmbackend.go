@@ -152,6 +152,7 @@ type slotHandle struct {
 	state   atomic.Int32
 	status  chan uint32 // cap 1
 	moved   *slotHandle // the slot this request moved to in a newer generation
+	retried bool        // this slot holds a request already moved once
 }
 
 func (b *Backend) attach(ctx context.Context) (*attachment, error) {
@@ -408,7 +409,7 @@ func (b *Backend) Acquire(ctx context.Context, n int) (frontend.Slot, error) {
 		slot, payload, err := a.lane.Claim(n, size)
 		if err == nil {
 			h := &a.slots[slot]
-			h.n, h.payload = n, payload
+			h.n, h.payload, h.retried = n, payload, false
 			h.state.Store(stIdle)
 			return h, nil
 		}
@@ -484,9 +485,16 @@ func (h *slotHandle) Submit(ctx context.Context, call frontend.Call) ([]float32,
 		}
 		return scores, err
 	case <-a.dead:
-		// The segment is gone; nothing will complete. Release must not
-		// touch the lane.
-		return nil, fmt.Errorf("shmbackend: embedder or accelerator gone: %w", frontend.ErrUnavailable)
+		// The generation is gone (its accelerator died, or the segment was
+		// truncated or corrupted) and nothing will complete here. Scoring
+		// is idempotent: the request moves to the generation that replaces
+		// it, if one serves within moveWait and the call's deadline, so a
+		// lost generation costs honest callers latency, not errors.
+		// Release must not touch the old lane.
+		if h.retried {
+			return nil, fmt.Errorf("shmbackend: embedder or accelerator gone: %w", frontend.ErrUnavailable)
+		}
+		return h.move(ctx, call)
 	case <-ctx.Done():
 		if h.state.CompareAndSwap(stWaiting, stAbandoned) {
 			_ = a.lane.Cancel(h.index)
@@ -528,6 +536,7 @@ func (h *slotHandle) move(ctx context.Context, call frontend.Call) ([]float32, e
 	}
 	nh := next.(*slotHandle)
 	copy(nh.payload, h.payload)
+	nh.retried = true // one move per call: a mesh that keeps failing fails it
 	h.moved = nh
 	return nh.Submit(ctx, call)
 }
