@@ -6,13 +6,20 @@
 #   make fuzz-frontend   the OIP request decoder under the fuzzer for
 #                        FUZZTIME (FuzzModelInferRequest)
 #   make fuzz            fuzz-shm and fuzz-frontend
+#   make chaos           honest clients against a mesh with a hostile
+#                        frontend (scribbles, garbage, the file resized,
+#                        SIGKILLed and restarted), the accelerator and the
+#                        embedder stopped for a while, NATS taken away, for
+#                        CHAOS_SECONDS; ends with the `chaos ok:` line
 #
 # Included by the root Makefile; CI runs test-race and fuzz briefly.
 
 FUZZTIME  ?= 10s
 RACE_PKGS := ./shm/... ./frontend/... ./embedder/... ./accelerator/server/... ./proto/control/...
 
-.PHONY: test-race fuzz fuzz-frontend
+CHAOS_SECONDS ?= 30
+
+.PHONY: test-race fuzz fuzz-frontend chaos
 
 test-race: $(DEPS)/go.stamp
 	$(GO) test -race -count=1 $(RACE_PKGS)
@@ -21,3 +28,8 @@ fuzz-frontend: $(DEPS)/go.stamp
 	$(GO) test -run=NONE -fuzz='^FuzzModelInferRequest$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s ./frontend/
 
 fuzz: fuzz-shm fuzz-frontend
+
+chaos: deps
+	RECMESH_E2E_CHAOS=1 RECMESH_CHAOS_SECONDS=$(CHAOS_SECONDS) $(GO) test -count=1 -timeout 20m -run 'TestE2EChaos$$' -v ./cli/e2e/ > $(DEPS)/chaos.log 2>&1 || { tail -n 60 $(DEPS)/chaos.log; echo "chaos: failed (whole log in .deps/chaos.log)"; exit 1; }
+	@grep -E '^\s*(--- |chaos_test.go:[0-9]+: )' $(DEPS)/chaos.log || true
+	@grep '^chaos ok:' $(DEPS)/chaos.log
