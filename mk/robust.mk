@@ -6,6 +6,8 @@
 #   make fuzz-frontend   the OIP request decoder under the fuzzer for
 #                        FUZZTIME (FuzzModelInferRequest)
 #   make fuzz            fuzz-shm and fuzz-frontend
+#   make soak            SOAK_MINUTES (30) of open-loop load at 80 % of the
+#                        peak on the 3.2 GB tables (bench/soak/run.sh)
 #   make chaos           honest clients against a mesh with a hostile
 #                        frontend (scribbles, garbage, the file resized,
 #                        SIGKILLed and restarted), the accelerator and the
@@ -33,3 +35,14 @@ chaos: deps
 	RECMESH_E2E_CHAOS=1 RECMESH_CHAOS_SECONDS=$(CHAOS_SECONDS) $(GO) test -count=1 -timeout 20m -run 'TestE2EChaos$$' -v ./cli/e2e/ > $(DEPS)/chaos.log 2>&1 || { tail -n 60 $(DEPS)/chaos.log; echo "chaos: failed (whole log in .deps/chaos.log)"; exit 1; }
 	@grep -E '^\s*(--- |chaos_test.go:[0-9]+: )' $(DEPS)/chaos.log || true
 	@grep '^chaos ok:' $(DEPS)/chaos.log
+
+## soak: 30 minutes (SOAK_MINUTES) of open-loop load at 80 % of the peak on
+## the 3.2 GB tables; not in CI. Ends with the `soak:` line.
+SOAK_MINUTES ?= 30
+SOAK_BUNDLE  ?= $(BENCH_BUNDLE)
+SOAK_MODE    ?= model
+
+.PHONY: soak
+soak: build bench-loadgen $(PJRT_PLUGIN)
+	@test -f $(SOAK_BUNDLE)/model.safetensors || $(MAKE) $(SOAK_BUNDLE)/model.safetensors
+	bash $(ROOT)/bench/soak/run.sh $(BIN) $(SOAK_BUNDLE) $(BENCH_RESULTS)/soak $(SOAK_MINUTES) $(SOAK_MODE)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# make soak: the mesh on the 3.2 GB tables under open-loop load at 80 % of
+# its closed-loop peak for MINUTES minutes (default 30), one measured
+# minute after another, watching memory and tail latency drift.
+#
+#   run.sh BIN_DIR BUNDLE OUT_DIR [MINUTES [BATCH_MODE]]
+#
+# BATCH_MODE is the embedder's (default model: the soak looks for drift,
+# and slo mode would shed the arrivals of a bursty second as errors).
+#
+# Each minute is one loadgen point (bench/loadgen: open loop, Poisson
+# arrivals, B_req 16, the mesh's processes monitored), kept as
+# OUT_DIR/minute-<i>.json. The last line is
+#
+#   soak: minutes=<m> requests=<n> errors=<e> rss_drift_pct=<d> p99_ms_min=<a> p99_ms_max=<b>
+#
+# where rss_drift_pct compares the mesh's peak PSS in the last minute with
+# the first (targets: drift <= 5 %, p99_ms_max <= 1.5 x p99_ms_min, no
+# errors). Not run in CI: it takes half an hour.
+set -euo pipefail
+[ $# -ge 3 ] || { echo "usage: run.sh BIN_DIR BUNDLE OUT_DIR [MINUTES]" >&2; exit 2; }
+BIN=$1 BUNDLE=$2 OUT=$3 MINUTES=${4:-30} MODE=${5:-model}
+mkdir -p "$OUT"
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BIN/recmesh" run --bundle "$BUNDLE" --port "$PORT" --segment "recmesh-soak-$$" --batch-mode "$MODE" >"$OUT/mesh.log" 2>&1 &
+MESH=$!
+trap 'kill $MESH 2>/dev/null; wait $MESH 2>/dev/null || true' EXIT
+for _ in $(seq 600); do
+	grep -q '^mesh: ready' "$OUT/mesh.log" && break
+	kill -0 $MESH 2>/dev/null || { tail -n 30 "$OUT/mesh.log"; echo "soak: the mesh did not start" >&2; exit 1; }
+	sleep 1
+done
+grep -q '^mesh: ready' "$OUT/mesh.log" || { echo "soak: the mesh was not ready in 10 minutes" >&2; exit 1; }
+TARGET=127.0.0.1:$PORT
+
+"$BIN/loadgen" run -target "$TARGET" -bundle "$BUNDLE" -mode closed -concurrency 16 -batch 16 \
+	-warmup 5s -duration 15s -out "$OUT/peak.json" >/dev/null
+PEAK=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["requests_per_s"])' "$OUT/peak.json")
+RATE=$(python3 -c "print(round(0.8 * $PEAK, 1))")
+echo "soak: closed-loop peak ${PEAK} requests/s (B_req 16); open loop at ${RATE}/s for ${MINUTES} minutes"
+
+for i in $(seq 1 "$MINUTES"); do
+	"$BIN/loadgen" run -target "$TARGET" -bundle "$BUNDLE" -mode open -rate "$RATE" -batch 16 \
+		-warmup 0s -duration 60s -monitor-pids "$MESH" -out "$OUT/minute-$i.json" >/dev/null
+	python3 - "$OUT/minute-$i.json" "$i" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["summary"]
+print(f"soak: minute {sys.argv[2]}: {s['requests_per_s']:.0f} requests/s, p99 {s['p99_ms']:.2f} ms, "
+      f"errors {s['errors']}, mesh PSS {s['server_peak_pss_bytes'] / 2**20:.0f} MiB", flush=True)
+PY
+done
+
+python3 - "$OUT" "$MINUTES" <<'PY'
+import json, os, sys
+out, minutes = sys.argv[1], int(sys.argv[2])
+ms = [json.load(open(os.path.join(out, f"minute-{i}.json"))) for i in range(1, minutes + 1)]
+req = sum(round(m["summary"]["requests_per_s"] * m["duration_s"]) for m in ms)
+errors = sum(m["summary"]["errors"] for m in ms)
+pss = [m["summary"]["server_peak_pss_bytes"] for m in ms]
+p99 = [m["summary"]["p99_ms"] for m in ms]
+drift = (pss[-1] - pss[0]) / pss[0] * 100 if pss[0] else float("nan")
+print(f"soak: minutes={minutes} requests={req} errors={errors} rss_drift_pct={drift:.2f} "
+      f"p99_ms_min={min(p99):.2f} p99_ms_max={max(p99):.2f}")
+PY
