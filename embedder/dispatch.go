@@ -360,7 +360,7 @@ func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err e
 	row := d.batcher.Add(rows, arrival)
 	k := len(b.entries)
 	b.entries = append(b.entries, shm.BatchEntry{Lane: req.Lane, Slot: req.Slot, Epoch: req.Epoch, FirstRow: row, Rows: rows, Status: status})
-	b.status[k].Store(status)
+	b.status[k].Store(uint32(status))
 	b.readAt[k] = now
 	b.dead[k] = req.Deadline
 	b.traces[k] = req.Trace
@@ -373,7 +373,7 @@ func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err e
 	return true, nil
 }
 
-func (d *dispatcher) count(status uint32) {
+func (d *dispatcher) count(status shm.Status) {
 	m := d.e.m
 	switch status {
 	case shm.StatusOK:
@@ -420,7 +420,7 @@ func (d *dispatcher) seal() error {
 	now := time.Now()
 	for k := range b.entries {
 		ent := &b.entries[k]
-		if s := b.status[k].Load(); s != shm.StatusOK && ent.Status == shm.StatusOK {
+		if s := shm.Status(b.status[k].Load()); s != shm.StatusOK && ent.Status == shm.StatusOK {
 			ent.Status, ent.Rows = s, 0
 			d.e.m.reqInvalid.Inc()
 		} else if ent.Status == shm.StatusOK {

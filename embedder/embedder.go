@@ -569,11 +569,11 @@ func (w *worker) run(j job) {
 	per := len(cfg.VocabSizes) * cfg.EmbeddingDim
 	out := j.b.pooled[j.row*per : (j.row+j.n)*per]
 	if err := tables.Validate(ids, j.n); err != nil {
-		j.b.status[j.entry].Store(shm.StatusInvalid)
+		j.b.status[j.entry].Store(uint32(shm.StatusInvalid))
 		return
 	}
 	if err := tables.Pool(out, ids, j.n); err != nil {
-		j.b.status[j.entry].Store(shm.StatusInternal)
+		j.b.status[j.entry].Store(uint32(shm.StatusInternal))
 		return
 	}
 	dsrc := unsafe.Slice((*float32)(unsafe.Pointer(&j.payload[j.first*cfg.NumDense*4])), j.n*cfg.NumDense)

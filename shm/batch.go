@@ -24,7 +24,7 @@ type BatchEntry struct {
 	Epoch    uint32
 	FirstRow int
 	Rows     int
-	Status   uint32 // StatusOK, or why the embedder dropped it (Rows is then 0)
+	Status   Status // StatusOK, or why the embedder dropped it (Rows is then 0)
 }
 
 // Batch is a batch as the accelerator reads it.
@@ -80,7 +80,7 @@ func (st *Staging) SetEntry(i int, e BatchEntry) error {
 	put32(b, stEpoch, e.Epoch)
 	put32(b, stFirstRow, uint32(e.FirstRow))
 	put32(b, stRows, uint32(e.Rows))
-	put32(b, stStatus, e.Status)
+	put32(b, stStatus, uint32(e.Status))
 	return nil
 }
 
@@ -301,7 +301,7 @@ func (r *BatchReader) Entry(b Batch, i int) (BatchEntry, error) {
 	p := st.entries[i*stagingEntryBytes : (i+1)*stagingEntryBytes]
 	lane, slot := get32(p, stLane), get32(p, stSlot)
 	first, rows := get32(p, stFirstRow), get32(p, stRows)
-	e := BatchEntry{Epoch: get32(p, stEpoch), Status: get32(p, stStatus)}
+	e := BatchEntry{Epoch: get32(p, stEpoch), Status: Status(get32(p, stStatus))}
 	g := r.seg.geo
 	if lane >= uint32(g.Lanes) || slot >= uint32(g.SlotsPerLane) {
 		return e, fmt.Errorf("shm: batch %d entry %d: %w: lane %d slot %d out of range", b.Seq, i, ErrCorrupt, lane, slot)

@@ -101,7 +101,7 @@ type slotRecord struct {
 type Completion struct {
 	Slot     int
 	Epoch    uint32
-	Status   uint32 // StatusOK or the producer's code
+	Status   Status // StatusOK or the producer's code
 	Examples int
 }
 
@@ -417,7 +417,7 @@ func (l *Lane) Poll() (c Completion, ok bool, err error) {
 	c = Completion{
 		Slot:     int(get32(e, complSlot)),
 		Epoch:    get32(e, complEpoch),
-		Status:   get32(e, complStatus),
+		Status:   Status(get32(e, complStatus)),
 		Examples: int(get32(e, complExamples)),
 	}
 	l.compl.release(h + 1)

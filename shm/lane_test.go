@@ -107,7 +107,7 @@ func TestLaneCarriesHeaderFields(t *testing.T) {
 	if err != nil || c.Status != StatusCanceled {
 		t.Fatalf("completion %+v, %v", c, err)
 	}
-	if got := get32(l.ctl.slot(slot), slotStatus); got != StatusCanceled {
+	if got := Status(get32(l.ctl.slot(slot), slotStatus)); got != StatusCanceled {
 		t.Fatalf("slot status %d, want the completion's", got)
 	}
 	// A completed slot can be sent again with the same room.

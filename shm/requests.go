@@ -178,11 +178,11 @@ func (w *CompletionWriter) Add(c Completion) error {
 		w.start = t
 	}
 	t = w.start
-	atomic.StoreUint32(word32(w.ctl.slot(c.Slot), slotStatus), c.Status)
+	atomic.StoreUint32(word32(w.ctl.slot(c.Slot), slotStatus), uint32(c.Status))
 	e := w.r.entry(t + w.pending)
 	put32(e, complSlot, uint32(c.Slot))
 	put32(e, complEpoch, c.Epoch)
-	put32(e, complStatus, c.Status)
+	put32(e, complStatus, uint32(c.Status))
 	put32(e, complExamples, uint32(c.Examples))
 	w.pending++
 	return nil

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -58,17 +59,31 @@ func ArrivalTime(stamp uint32, now time.Time) (t time.Time, ok bool) {
 	return now.Add(-age), true
 }
 
-// Completion statuses. 0 is success; a producer may use any other code,
-// these are the ones the recmesh services agree on.
+// Status is a request's outcome as batch entries and completions carry it
+// (a u32 in shared memory). 0 is success; a producer may use any other
+// code, the constants are the ones the recmesh services agree on.
+type Status uint32
+
+// Completion statuses.
 const (
-	StatusOK          uint32 = 0
-	StatusCanceled    uint32 = 1 // the frontend set the cancel flag
-	StatusExpired     uint32 = 2 // the deadline passed before lookup or execute
-	StatusInvalid     uint32 = 3 // the request failed validation
-	StatusUnavailable uint32 = 4 // the serving side could not run it
-	StatusInternal    uint32 = 5 // anything else
-	StatusOverloaded  uint32 = 6 // shed before lookup: it could not finish within the latency target
+	StatusOK          Status = 0
+	StatusCanceled    Status = 1 // the frontend set the cancel flag
+	StatusExpired     Status = 2 // the deadline passed before lookup or execute
+	StatusInvalid     Status = 3 // the request failed validation
+	StatusUnavailable Status = 4 // the serving side could not run it
+	StatusInternal    Status = 5 // anything else
+	StatusOverloaded  Status = 6 // shed before lookup: it could not finish within the latency target
 )
+
+var statusNames = [...]string{"ok", "canceled", "expired", "invalid", "unavailable", "internal", "overloaded"}
+
+// String names the agreed statuses and shows any other code as a number.
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("status(%d)", uint32(s))
+}
 
 // checkSlotHeader validates a header against the geometry: the checks both
 // the writer (to catch its own bugs) and every reader (to survive a hostile

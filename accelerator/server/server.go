@@ -471,7 +471,7 @@ func (s *Server) runBatch(ex *executor.Executor, seg *shm.Segment, times *execTi
 }
 
 // writeScores copies an entry's rows of the batch's scores into its slot.
-func writeScores(w *shm.CompletionWriter, e shm.BatchEntry, n int, scores []float32) uint32 {
+func writeScores(w *shm.CompletionWriter, e shm.BatchEntry, n int, scores []float32) shm.Status {
 	if e.Rows <= 0 || e.FirstRow < 0 || e.FirstRow+e.Rows > n {
 		return shm.StatusInternal
 	}

@@ -150,7 +150,7 @@ type slotHandle struct {
 	n       int
 	payload []byte
 	state   atomic.Int32
-	status  chan uint32 // cap 1
+	status  chan shm.Status // cap 1
 	moved   *slotHandle // the slot this request moved to in a newer generation
 	retried bool        // this slot holds a request already moved once
 }
@@ -180,7 +180,7 @@ func (b *Backend) attach(ctx context.Context) (*attachment, error) {
 	a := &attachment{b: b, seg: seg, lane: lane, ino: ino, dead: make(chan struct{}), stop: stop}
 	a.slots = make([]slotHandle, seg.Geometry().SlotsPerLane)
 	for i := range a.slots {
-		a.slots[i] = slotHandle{a: a, index: i, status: make(chan uint32, 1)}
+		a.slots[i] = slotHandle{a: a, index: i, status: make(chan shm.Status, 1)}
 	}
 	a.loops.Add(2)
 	// Both loops touch the mapping: a fault (the segment file truncated
@@ -541,7 +541,7 @@ func (h *slotHandle) move(ctx context.Context, call frontend.Call) ([]float32, e
 	return nh.Submit(ctx, call)
 }
 
-func (h *slotHandle) result(st uint32) ([]float32, error) {
+func (h *slotHandle) result(st shm.Status) ([]float32, error) {
 	switch st {
 	case shm.StatusOK:
 		raw, err := h.a.lane.Scores(h.index)
@@ -560,7 +560,7 @@ func (h *slotHandle) result(st uint32) ([]float32, error) {
 	case shm.StatusOverloaded:
 		return nil, fmt.Errorf("shmbackend: shed by the embedder: it cannot finish within the latency target now: %w", frontend.ErrFull)
 	}
-	return nil, fmt.Errorf("shmbackend: request failed on the serving side (status %d)", st)
+	return nil, fmt.Errorf("shmbackend: request failed on the serving side (status %v)", st)
 }
 
 // Release frees the slot, unless the completion reader owns it now.
