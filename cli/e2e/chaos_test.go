@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,7 +15,6 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -218,8 +216,8 @@ func runHostileProcess(t *testing.T, path, pause string, run time.Duration, seed
 // chaosLoad is the honest clients: every call's outcome, sorted by whether
 // it overlapped a hang or kill window.
 type chaosLoad struct {
+	windows
 	calls, ok, failed, wrong, undefined atomic.Int64
-	open                                atomic.Int64 // windows opened so far; odd: one is open
 	mu                                  sync.Mutex
 	codes                               map[codes.Code]int
 	outside                             int
@@ -229,11 +227,7 @@ type chaosLoad struct {
 	once                                sync.Once
 }
 
-func (l *chaosLoad) window(open bool) {
-	if open != (l.open.Load()%2 == 1) {
-		l.open.Add(1)
-	}
-}
+func (l *chaosLoad) window(open bool) { l.set(open) }
 
 func (l *chaosLoad) stop() { l.once.Do(func() { close(l.done); l.wg.Wait() }) }
 
@@ -251,72 +245,34 @@ func (l *chaosLoad) failuresOutside() (int, map[codes.Code]int) {
 
 func startChaosLoad(t *testing.T, c *cluster, w *workload, clients int) *chaosLoad {
 	l := &chaosLoad{codes: map[codes.Code]int{}, done: make(chan struct{})}
-	for cl := 0; cl < clients; cl++ {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			var conn *grpc.ClientConn
-			defer func() {
-				if conn != nil {
-					conn.Close()
-				}
-			}()
-			for k := cl; ; k++ {
-				select {
-				case <-l.done:
-					return
-				default:
-				}
-				i := k % len(w.reqs)
-				if w.n[i] > 16 {
-					continue
-				}
-				if conn == nil {
-					var err error
-					if conn, err = grpc.NewClient(c.addr(), c.dialOption()); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-				before := l.open.Load()
-				ctx, cancel := context.WithTimeout(context.Background(), chaosCallBound)
-				start := time.Now()
-				resp, err := pb.NewGRPCInferenceServiceClient(conn).ModelInfer(ctx, w.reqs[i])
-				took := time.Since(start)
-				cancel()
-				inWindow := before%2 == 1 || l.open.Load() != before
-				l.calls.Add(1)
-				l.mu.Lock()
-				l.longest = max(l.longest, took)
-				l.mu.Unlock()
-				if err != nil {
-					code := status.Code(err)
-					l.failed.Add(1)
-					switch code {
-					case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
-					default:
-						l.undefined.Add(1)
-						t.Logf("honest call failed %v: %v", code, err)
-					}
-					l.mu.Lock()
-					l.codes[code]++
-					if !inWindow {
-						l.outside++
-						t.Logf("honest call failed outside a window after %v: %v", took, err)
-					}
-					l.mu.Unlock()
-					conn.Close()
-					conn = nil
-					time.Sleep(10 * time.Millisecond)
-					continue
-				}
-				if got, err := oip.Scores(resp, w.n[i]); err != nil || maxAbsDiff(got, w.want[i]) > 1e-4 {
-					l.wrong.Add(1)
-					continue
-				}
-				l.ok.Add(1)
+	callLoop(t, c, w, clients, chaosCallBound, &l.windows, l.done, &l.wg, func(i int, resp *pb.ModelInferResponse, err error, ci callInfo) {
+		l.calls.Add(1)
+		l.mu.Lock()
+		l.longest = max(l.longest, ci.took)
+		l.mu.Unlock()
+		if err != nil {
+			code := status.Code(err)
+			l.failed.Add(1)
+			switch code {
+			case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
+			default:
+				l.undefined.Add(1)
+				t.Logf("honest call failed %v: %v", code, err)
 			}
-		}()
-	}
+			l.mu.Lock()
+			l.codes[code]++
+			if !ci.inWindow {
+				l.outside++
+				t.Logf("honest call failed outside a window after %v: %v", ci.took, err)
+			}
+			l.mu.Unlock()
+			return
+		}
+		if got, err := oip.Scores(resp, w.n[i]); err != nil || maxAbsDiff(got, w.want[i]) > 1e-4 {
+			l.wrong.Add(1)
+			return
+		}
+		l.ok.Add(1)
+	})
 	return l
 }

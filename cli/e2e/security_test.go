@@ -194,7 +194,7 @@ func checkControlPlane(t *testing.T) controlResult {
 		base = l.newOK.Load()
 		waitFor(t, time.Minute, "answers outside the window after restarting "+what, func() bool { return l.newOK.Load() >= base+40 })
 	}
-	l.strict.Store(true) // from here on, an old-model answer is wrong
+	l.strictSince.Store(time.Now().UnixNano()) // from here on, an old-model answer is wrong
 	restart("the accelerator", "accelerator")
 	restart("the embedder", "embedder")
 	all := []string{"embedder", "accelerator"}
@@ -275,14 +275,14 @@ func expectModel(t *testing.T, c *cluster, w *workload, want [][]float32, what s
 }
 
 // versionedLoad keeps two clients calling and sorts every answer by the
-// model it came from. Calls that start or end while a restart window is
-// open are counted apart.
+// model it came from. Calls that overlap a restart window are counted
+// apart.
 type versionedLoad struct {
+	windows
 	ok, newOK, wrong            atomic.Int64
 	failedInside, failedOutside atomic.Int64
 	oldStrict                   atomic.Int64
-	strict                      atomic.Bool
-	open                        atomic.Int64 // windows opened so far; odd: one is open
+	strictSince                 atomic.Int64 // unix ns; calls begun after it may not answer from the old model
 	mu                          sync.Mutex
 	failed                      map[string]int
 	done                        chan struct{}
@@ -290,12 +290,7 @@ type versionedLoad struct {
 	stopOnce                    sync.Once
 }
 
-func (l *versionedLoad) window(open bool) {
-	if open == (l.open.Load()%2 == 1) {
-		return
-	}
-	l.open.Add(1)
-}
+func (l *versionedLoad) window(open bool) { l.set(open) }
 
 func (l *versionedLoad) stop() {
 	l.stopOnce.Do(func() { close(l.done); l.wg.Wait() })
@@ -309,73 +304,33 @@ func (l *versionedLoad) failures() map[string]int {
 
 func startVersionedLoad(t *testing.T, c *cluster, w *workload, wantNew [][]float32) *versionedLoad {
 	l := &versionedLoad{failed: map[string]int{}, done: make(chan struct{})}
-	for cl := 0; cl < 2; cl++ {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			var conn *grpc.ClientConn
-			defer func() {
-				if conn != nil {
-					conn.Close()
-				}
-			}()
-			for k := cl; ; k++ {
-				select {
-				case <-l.done:
-					return
-				default:
-				}
-				i := k % len(w.reqs)
-				if w.n[i] > 16 {
-					continue
-				}
-				if conn == nil {
-					var err error
-					if conn, err = grpc.NewClient(c.addr(), c.dialOption()); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-				before := l.open.Load()
-				strict := l.strict.Load()
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				resp, err := pb.NewGRPCInferenceServiceClient(conn).ModelInfer(ctx, w.reqs[i])
-				cancel()
-				after := l.open.Load()
-				inWindow := before%2 == 1 || after != before
-				if err != nil {
-					if inWindow {
-						l.failedInside.Add(1)
-					} else {
-						l.failedOutside.Add(1)
-						l.mu.Lock()
-						l.failed[status.Code(err).String()+": "+status.Convert(err).Message()]++
-						l.mu.Unlock()
-					}
-					// A fresh connection: a dead frontend's is gone, and
-					// gRPC's reconnect back-off would outlast the restart.
-					conn.Close()
-					conn = nil
-					time.Sleep(10 * time.Millisecond)
-					continue
-				}
-				got, err := oip.Scores(resp, w.n[i])
-				switch {
-				case err != nil:
-					l.wrong.Add(1)
-				case maxAbsDiff(got, wantNew[i]) <= 1e-4:
-					l.ok.Add(1)
-					l.newOK.Add(1)
-				case maxAbsDiff(got, w.want[i]) <= 1e-4:
-					l.ok.Add(1)
-					if strict {
-						l.oldStrict.Add(1)
-					}
-				default:
-					l.wrong.Add(1)
-				}
+	callLoop(t, c, w, 2, 10*time.Second, &l.windows, l.done, &l.wg, func(i int, resp *pb.ModelInferResponse, err error, ci callInfo) {
+		if err != nil {
+			if ci.inWindow {
+				l.failedInside.Add(1)
+				return
 			}
-		}()
-	}
+			l.failedOutside.Add(1)
+			l.mu.Lock()
+			l.failed[status.Code(err).String()+": "+status.Convert(err).Message()]++
+			l.mu.Unlock()
+			return
+		}
+		got, err := oip.Scores(resp, w.n[i])
+		switch {
+		case err != nil:
+			l.wrong.Add(1)
+		case maxAbsDiff(got, wantNew[i]) <= 1e-4:
+			l.ok.Add(1)
+			l.newOK.Add(1)
+		case maxAbsDiff(got, w.want[i]) <= 1e-4:
+			l.ok.Add(1)
+			if s := l.strictSince.Load(); s != 0 && ci.began.UnixNano() >= s {
+				l.oldStrict.Add(1)
+			}
+		default:
+			l.wrong.Add(1)
+		}
+	})
 	return l
 }

@@ -151,8 +151,8 @@ type slotHandle struct {
 	payload []byte
 	state   atomic.Int32
 	status  chan shm.Status // cap 1
-	moved   *slotHandle // the slot this request moved to in a newer generation
-	retried bool        // this slot holds a request already moved once
+	moved   *slotHandle     // the slot this request moved to in a newer generation
+	retried bool            // this slot holds a request already moved once
 }
 
 func (b *Backend) attach(ctx context.Context) (*attachment, error) {
