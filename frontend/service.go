@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
-	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/inference"
+	"github.com/recmesh/recmesh/shm"
 )
 
 // service implements inference.GRPCInferenceServiceServer for one model.
@@ -160,16 +159,10 @@ const faultRetryPause = 50 * time.Millisecond
 // truncates that under us, the access faults, and the process must not die
 // of it.
 func (s *service) guardedInfer(ctx context.Context, req *inference.ModelInferRequest, t *callTimes) (resp *inference.ModelInferResponse, n int, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if !isMemoryFault(r) {
-				panic(r)
-			}
-			resp, err = nil, fmt.Errorf("%w: %v", errBackendFault, r)
-		}
-	}()
-	return s.infer(ctx, req, t)
+	if ferr := shm.GuardFaults(func() error { resp, n, err = s.infer(ctx, req, t); return nil }); ferr != nil {
+		return nil, n, fmt.Errorf("%w: %v", errBackendFault, ferr)
+	}
+	return resp, n, err
 }
 
 // waitReady waits up to d (and ctx) for the backend to be ready.
@@ -292,15 +285,4 @@ func (s *service) admit(ctx context.Context, info *tap.Info) (context.Context, e
 		return ctx, errOverloaded(s.calls.Load())
 	}
 	return ctx, nil
-}
-
-// isMemoryFault reports whether a recovered panic is a memory fault turned
-// into a panic by debug.SetPanicOnFault (it carries the faulting address).
-func isMemoryFault(r any) bool {
-	re, ok := r.(runtime.Error)
-	if !ok {
-		return false
-	}
-	_, ok = re.(interface{ Addr() uintptr })
-	return ok
 }
