@@ -17,7 +17,7 @@ bench-ring-go: $(DEPS)/go.stamp
 ## target (go test -fuzz takes one at a time). Minimisation of new inputs is
 ## capped so it does not eat the whole budget.
 SHM_FUZZTIME ?= 10s
-SHM_FUZZ     := FuzzAttachHeader FuzzSharedMemory
+SHM_FUZZ     := FuzzAttachHeader FuzzSharedMemory FuzzRecords
 fuzz-shm: $(DEPS)/go.stamp
 	@for f in $(SHM_FUZZ); do \
 		echo "fuzz-shm: $$f for $(SHM_FUZZTIME)"; \

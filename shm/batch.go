@@ -74,13 +74,7 @@ func (st *Staging) SetEntry(i int, e BatchEntry) error {
 	if atomic.LoadUint32(st.state) != stagingFilling {
 		return fmt.Errorf("shm: staging %d: %w: not filling", st.index, ErrState)
 	}
-	b := st.entries[i*stagingEntryBytes : (i+1)*stagingEntryBytes]
-	put32(b, stLane, uint32(e.Lane))
-	put32(b, stSlot, uint32(e.Slot))
-	put32(b, stEpoch, e.Epoch)
-	put32(b, stFirstRow, uint32(e.FirstRow))
-	put32(b, stRows, uint32(e.Rows))
-	put32(b, stStatus, uint32(e.Status))
+	writeStagingEntry(st.entries[i*stagingEntryBytes:(i+1)*stagingEntryBytes], e)
 	return nil
 }
 
@@ -176,14 +170,8 @@ func (w *BatchWriter) Publish(st *Staging, d BatchDesc) (uint64, error) {
 		return 0, fmt.Errorf("shm: publish batch: %w", err)
 	}
 	seq := t + 1
-	e := w.r.entry(t)
-	put64(e, batchSeq, seq)
-	put32(e, batchStaging, uint32(st.index))
-	put32(e, batchExamples, uint32(d.Examples))
-	put32(e, batchEntries, uint32(d.Entries))
-	copy(e[batchTraceID:batchTraceID+16], d.Trace.TraceID[:])
-	copy(e[batchSpanID:batchSpanID+8], d.Trace.SpanID[:])
-	e[batchTraceFlags] = d.Trace.Flags
+	d.Seq, d.Staging = seq, st.index
+	writeBatchDesc(w.r.entry(t), d)
 	atomic.StoreUint32(st.state, stagingReady)
 	w.r.commit(seq)
 	w.seg.batchBell.Ring()
@@ -227,29 +215,20 @@ func (r *BatchReader) Poll() (b Batch, ok bool, err error) {
 	if n == 0 {
 		return Batch{}, false, nil
 	}
-	e := r.r.entry(h)
-	b.Seq = get64(e, batchSeq)
-	stIdx := get32(e, batchStaging)
-	b.Examples = int(get32(e, batchExamples))
-	entries := get32(e, batchEntries)
-	copy(b.Trace.TraceID[:], e[batchTraceID:batchTraceID+16])
-	copy(b.Trace.SpanID[:], e[batchSpanID:batchSpanID+8])
-	b.Trace.Flags = e[batchTraceFlags]
+	b.BatchDesc, err = readBatchDesc(r.r.entry(h), h, r.seg.geo)
 	r.r.release(h + 1)
-	if b.Seq != h+1 {
-		return b, false, fmt.Errorf("shm: batch at position %d: %w: seq %d", h, ErrCorrupt, b.Seq)
+	if err != nil {
+		return b, false, err
 	}
-	if stIdx >= uint32(len(r.st)) {
-		return b, false, fmt.Errorf("shm: batch %d: %w: staging %d outside [0, %d)", b.Seq, ErrCorrupt, stIdx, len(r.st))
-	}
-	if entries > uint32(r.seg.geo.MaxBatchEntries) {
-		return b, false, fmt.Errorf("shm: batch %d: %w: %d entries, max %d", b.Seq, ErrCorrupt, entries, r.seg.geo.MaxBatchEntries)
-	}
-	st := &r.st[stIdx]
+	st := &r.st[b.Staging]
 	if s := atomic.LoadUint32(st.state); s != stagingReady {
-		return b, false, fmt.Errorf("shm: batch %d: %w: staging %d in state %d, not ready", b.Seq, ErrCorrupt, stIdx, s)
+		// Staging and Entries stay zero, as readBatchDesc leaves them on
+		// its own errors: nothing can index with a rejected descriptor.
+		err := fmt.Errorf("shm: batch %d: %w: staging %d in state %d, not ready", b.Seq, ErrCorrupt, b.Staging, s)
+		b.Staging, b.Entries = 0, 0
+		return b, false, err
 	}
-	b.Staging, b.Entries, b.Data = int(stIdx), int(entries), st.data
+	b.Data = st.data
 	return b, true, nil
 }
 
@@ -298,18 +277,10 @@ func (r *BatchReader) Entry(b Batch, i int) (BatchEntry, error) {
 	if (i+1)*stagingEntryBytes > len(st.entries) {
 		return BatchEntry{}, fmt.Errorf("shm: batch %d: entry %d beyond the entries table", b.Seq, i)
 	}
-	p := st.entries[i*stagingEntryBytes : (i+1)*stagingEntryBytes]
-	lane, slot := get32(p, stLane), get32(p, stSlot)
-	first, rows := get32(p, stFirstRow), get32(p, stRows)
-	e := BatchEntry{Epoch: get32(p, stEpoch), Status: Status(get32(p, stStatus))}
-	g := r.seg.geo
-	if lane >= uint32(g.Lanes) || slot >= uint32(g.SlotsPerLane) {
-		return e, fmt.Errorf("shm: batch %d entry %d: %w: lane %d slot %d out of range", b.Seq, i, ErrCorrupt, lane, slot)
+	e, err := readStagingEntry(st.entries[i*stagingEntryBytes:(i+1)*stagingEntryBytes], r.seg.geo, b.Examples)
+	if err != nil {
+		return e, fmt.Errorf("shm: batch %d entry %d: %w", b.Seq, i, err)
 	}
-	if uint64(first)+uint64(rows) > uint64(b.Examples) {
-		return e, fmt.Errorf("shm: batch %d entry %d: %w: rows [%d, +%d) beyond %d examples", b.Seq, i, ErrCorrupt, first, rows, b.Examples)
-	}
-	e.Lane, e.Slot, e.FirstRow, e.Rows = int(lane), int(slot), int(first), int(rows)
 	return e, nil
 }
 

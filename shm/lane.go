@@ -315,9 +315,7 @@ func (l *Lane) Commit(slot int, m RequestMeta) error {
 		h.Arrival = ArrivalStamp(m.Arrival)
 	}
 	writeSlotHeader(l.ctl.slot(slot), &h)
-	e := l.req.entry(t)
-	put32(e, reqSlot, uint32(slot))
-	put32(e, reqEpoch, l.epoch)
+	writeReqEntry(l.req.entry(t), slot, l.epoch)
 	l.req.commit(t + 1)
 	rec.state = slotCommitted
 	l.active++
@@ -363,7 +361,7 @@ func (l *Lane) Cancel(slot int) error {
 	if _, err := l.record(slot, slotCommitted); err != nil {
 		return err
 	}
-	atomic.StoreUint32(word32(l.ctl.slot(slot), slotCancel), 1)
+	atomic.StoreUint32(slotCancelWord(l.ctl.slot(slot)), 1)
 	return nil
 }
 
@@ -413,17 +411,10 @@ func (l *Lane) Poll() (c Completion, ok bool, err error) {
 	if n == 0 {
 		return Completion{}, false, nil
 	}
-	e := l.compl.entry(h)
-	c = Completion{
-		Slot:     int(get32(e, complSlot)),
-		Epoch:    get32(e, complEpoch),
-		Status:   Status(get32(e, complStatus)),
-		Examples: int(get32(e, complExamples)),
-	}
+	c, err = readCompletion(l.compl.entry(h), l.epoch, l.seg.geo)
 	l.compl.release(h + 1)
-	if c.Epoch != l.epoch {
-		return c, false, fmt.Errorf("shm: lane %d completion for slot %d: %w: epoch %d, lane holds %d",
-			l.ctl.index, c.Slot, ErrStaleEpoch, c.Epoch, l.epoch)
+	if err != nil {
+		return c, false, fmt.Errorf("shm: lane %d completion for slot %d: %w", l.ctl.index, c.Slot, err)
 	}
 	rec, err := l.record(c.Slot, slotCommitted)
 	if err != nil {

@@ -5,10 +5,12 @@ import (
 	"math/bits"
 )
 
-// This file is the single description of the segment's memory layout. Every
-// offset the package uses is a named constant here or is computed by
-// computeLayout from the geometry in the header; nothing else in the package
-// hard-codes a position. Changing anything here means bumping LayoutVersion.
+// This file and records.go are the single description of the segment's
+// memory layout: this one places the regions, records.go formats the
+// records inside them. Every offset the package uses is a named constant in
+// one of them or is computed by computeLayout from the geometry in the
+// header; nothing else in the package hard-codes a position. Changing
+// anything in either means bumping LayoutVersion.
 //
 // A segment is one file, mapped MAP_SHARED by every process:
 //
@@ -305,173 +307,28 @@ const (
 // noOwner is the owner pid of a free lane.
 const noOwner uint32 = 0
 
-// Request ring entry, reqEntryBytes (frontend → embedder):
-//
-//	+---------------------------------------------------------------+
-//	|                       Slot index (u32)                        |  0
-//	|                       Lane epoch (u32)                        |  4
-//	+---------------------------------------------------------------+
-const (
-	reqSlot       = 0
-	reqEpoch      = 4
-	reqEntryBytes = 8
-)
+// The records one process writes and another reads inside these regions
+// (request and completion ring entries, slot headers, batch descriptors,
+// staging entry rows) are described in records.go, each beside its encoder
+// and its validating decoder.
 
-// Completion ring entry, complEntryBytes (accelerator → frontend):
-//
-//	+---------------------------------------------------------------+
-//	|                       Slot index (u32)                        |  0
-//	|                       Lane epoch (u32)                        |  4
-//	|            Status (u32; StatusOK or producer's code)          |  8
-//	|                     Example count (u32)                       | 12
-//	+---------------------------------------------------------------+
-const (
-	complSlot       = 0
-	complEpoch      = 4
-	complStatus     = 8
-	complExamples   = 12
-	complEntryBytes = 16
-)
-
-// Slot header, SlotBytes, one per slot in a lane's slot table. The frontend
-// writes the first line before publishing the slot index on the request ring;
-// everything the embedder needs to start a lookup is on that one line.
-//
-//	 0                   1                   2                   3
-//	 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
-//	+---------------------------------------------------------------+
-//	|                        Request id (u64)                       |   0
-//	+                                                               +
-//	|                                                               |
-//	+---------------------------------------------------------------+
-//	|               Deadline (i64, unix ns; 0 = none)               |   8
-//	+                                                               +
-//	|                                                               |
-//	+---------------------------------------------------------------+
-//	|                      Example count (u32)                      |  16
-//	+---------------------------------------------------------------+
-//	|           Payload offset (u32, bytes into the arena)          |  20
-//	+---------------------------------------------------------------+
-//	|                      Payload length (u32)                     |  24
-//	+---------------------------------------------------------------+
-//	|        Scores offset (u32, arena bytes, 4-byte aligned)       |  28
-//	+---------------------------------------------------------------+
-//	|                                                               |  32
-//	+                                                               +
-//	|                Trace id (16 bytes, W3C binary)                |
-//	+                                                               +
-//	|                                                               |
-//	+                                                               +
-//	|                                                               |
-//	+---------------------------------------------------------------+
-//	|                 Span id (8 bytes, W3C binary)                 |  48
-//	+                                                               +
-//	|                                                               |
-//	+---------------------------------------------------------------+
-//	|  Trace flags  |                    reserved                   |  56
-//	+---------------+-----------------------------------------------+
-//	|       Arrival (u32, unix µs mod 2^32; 0 = unknown)            |  60
-//	+===============================================================+  second cache line
-//	|         Cancel flag (u32, atomic; set by the frontend)        |  64
-//	+---------------------------------------------------------------+
-//	|          Status (u32, atomic; mirrors the completion)         |  68
-//	+---------------------------------------------------------------+
-//	|                    reserved up to SlotBytes                   |  72
-//	+---------------------------------------------------------------+
-const (
-	slotRequestID  = 0
-	slotDeadline   = 8
-	slotExamples   = 16
-	slotPayloadOff = 20
-	slotPayloadLen = 24
-	slotScoresOff  = 28
-	slotTraceID    = 32
-	slotSpanID     = 48
-	slotTraceFlags = 56
-	slotArrival    = 60
-	slotCancel     = 64
-	slotStatus     = 68
-
-	// SlotBytes is the size of one slot header: two lines, so the frontend's
-	// cancel store never invalidates the line the embedder is reading.
-	SlotBytes = LinePair
-)
-
-// Batch ring: a ring control block followed by capacity descriptors of
-// batchEntryBytes (embedder → accelerator):
-//
-//	 0                   1                   2                   3
-//	 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
-//	+---------------------------------------------------------------+
-//	|               Batch seq (u64; ring position + 1)              |   0
-//	+                                                               +
-//	|                                                               |
-//	+---------------------------------------------------------------+
-//	|                      Staging index (u32)                      |   8
-//	+---------------------------------------------------------------+
-//	|                      Example count (u32)                      |  12
-//	+---------------------------------------------------------------+
-//	|                       Entry count (u32)                       |  16
-//	+---------------------------------------------------------------+
-//	|                            reserved                           |  20
-//	+---------------------------------------------------------------+
-//	|                                                               |  24
-//	+                                                               +
-//	|             Trace id of the batch span (16 bytes)             |
-//	+                                                               +
-//	|                                                               |
-//	+                                                               +
-//	|                                                               |
-//	+---------------------------------------------------------------+
-//	|                       Span id (8 bytes)                       |  40
-//	+                                                               +
-//	|                                                               |
-//	+---------------------------------------------------------------+
-//	|  Trace flags  |            reserved up to 64 bytes            |  48
-//	+---------------+-----------------------------------------------+
-const (
-	batchSeq        = 0
-	batchStaging    = 8
-	batchExamples   = 12
-	batchEntries    = 16
-	batchTraceID    = 24
-	batchSpanID     = 40
-	batchTraceFlags = 48
-	batchEntryBytes = 64
-
-	batchEntriesOff = ringCtlBytes
-)
+// Batch ring: a ring control block followed by batchRingCap descriptors
+// of batchEntryBytes (embedder → accelerator); the descriptor format is in
+// records.go.
+const batchEntriesOff = ringCtlBytes
 
 // Staging meta block, metaStride bytes per staging buffer: a state line
-// followed by the entries table, MaxBatchEntries × stagingEntryBytes.
+// followed by the entries table, MaxBatchEntries rows of stagingEntryBytes
+// (the row format is in records.go).
 //
 //	+---------------------------------------------------------------+
 //	|       Staging state (u32, atomic: free/filling/ready)         |  0
 //	+---------------------------------------------------------------+
 //	|                     entries table                             | LinePair
 //	+---------------------------------------------------------------+
-//
-// Staging entry (one per request carried by the batch):
-//
-//	+---------------------------------------------------------------+
-//	|                         Lane (u32)                            |  0
-//	|                         Slot (u32)                            |  4
-//	|                     Lane epoch (u32)                          |  8
-//	|          First row (u32, example index in the batch)          | 12
-//	|                 Rows (u32, examples of this request)          | 16
-//	|    Status (u32; StatusOK, or why the embedder dropped it)     | 20
-//	+---------------------------------------------------------------+
 const (
 	stagingState      = 0
 	stagingEntriesOff = LinePair
-
-	stLane            = 0
-	stSlot            = 4
-	stEpoch           = 8
-	stFirstRow        = 12
-	stRows            = 16
-	stStatus          = 20
-	stagingEntryBytes = 24
 )
 
 // Staging buffer states (meta word at stagingState).

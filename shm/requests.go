@@ -59,20 +59,16 @@ func (r *RequestReader) Next() (req Request, ok bool, err error) {
 	if n == 0 {
 		return Request{}, false, nil
 	}
-	e := r.r.entry(h)
-	slot, epoch := get32(e, reqSlot), get32(e, reqEpoch)
+	slot, epoch, err := readReqEntry(r.r.entry(h), r.seg.geo)
 	r.r.release(h + 1)
-	req = Request{Lane: r.ctl.index, Slot: -1, Epoch: epoch}
-	g := r.seg.geo
-	if slot >= uint32(g.SlotsPerLane) {
-		return req, false, fmt.Errorf("shm: lane %d request: %w: slot %d outside [0, %d)", r.ctl.index, ErrCorrupt, slot, g.SlotsPerLane)
+	req = Request{Lane: r.ctl.index, Slot: slot, Epoch: epoch}
+	if err != nil {
+		return req, false, fmt.Errorf("shm: lane %d request: %w", r.ctl.index, err)
 	}
-	req.Slot = int(slot)
 	if cur := atomic.LoadUint32(r.ctl.epoch); epoch != cur {
 		return req, false, fmt.Errorf("shm: lane %d slot %d: %w: entry epoch %d, lane epoch %d", r.ctl.index, slot, ErrStaleEpoch, epoch, cur)
 	}
-	req.SlotHeader = readSlotHeader(r.ctl.slot(int(slot)))
-	if err := checkSlotHeader(&req.SlotHeader, g); err != nil {
+	if req.SlotHeader, err = readSlotHeader(r.ctl.slot(slot), r.seg.geo); err != nil {
 		return req, false, fmt.Errorf("shm: lane %d slot %d: %w", r.ctl.index, slot, err)
 	}
 	o, l := req.PayloadOffset, req.PayloadLength
@@ -86,7 +82,7 @@ func (r *RequestReader) Canceled(slot int) bool {
 	if slot < 0 || slot >= r.seg.geo.SlotsPerLane {
 		return false
 	}
-	return atomic.LoadUint32(word32(r.ctl.slot(slot), slotCancel)) != 0
+	return atomic.LoadUint32(slotCancelWord(r.ctl.slot(slot))) != 0
 }
 
 // RequestsPending reports cheaply whether any lane's request ring seems to
@@ -131,8 +127,8 @@ func (w *CompletionWriter) Scores(slot int, epoch uint32) ([]byte, error) {
 	if err := w.check(slot, epoch); err != nil {
 		return nil, err
 	}
-	h := readSlotHeader(w.ctl.slot(slot))
-	if err := checkSlotHeader(&h, w.seg.geo); err != nil {
+	h, err := readSlotHeader(w.ctl.slot(slot), w.seg.geo)
+	if err != nil {
 		return nil, fmt.Errorf("shm: lane %d slot %d: %w", w.ctl.index, slot, err)
 	}
 	o, n := h.ScoresOffset, 4*h.Examples
@@ -146,7 +142,7 @@ func (w *CompletionWriter) Trace(slot int, epoch uint32) (TraceContext, error) {
 	if err := w.check(slot, epoch); err != nil {
 		return TraceContext{}, err
 	}
-	return readSlotHeader(w.ctl.slot(slot)).Trace, nil
+	return readSlotTrace(w.ctl.slot(slot)), nil
 }
 
 func (w *CompletionWriter) check(slot int, epoch uint32) error {
@@ -178,12 +174,8 @@ func (w *CompletionWriter) Add(c Completion) error {
 		w.start = t
 	}
 	t = w.start
-	atomic.StoreUint32(word32(w.ctl.slot(c.Slot), slotStatus), uint32(c.Status))
-	e := w.r.entry(t + w.pending)
-	put32(e, complSlot, uint32(c.Slot))
-	put32(e, complEpoch, c.Epoch)
-	put32(e, complStatus, uint32(c.Status))
-	put32(e, complExamples, uint32(c.Examples))
+	atomic.StoreUint32(slotStatusWord(w.ctl.slot(c.Slot)), uint32(c.Status))
+	writeCompletion(w.r.entry(t+w.pending), c)
 	w.pending++
 	return nil
 }

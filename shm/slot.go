@@ -2,7 +2,6 @@ package shm
 
 import (
 	"fmt"
-	"sync/atomic"
 	"time"
 )
 
@@ -104,36 +103,3 @@ func checkSlotHeader(h *SlotHeader, g Geometry) error {
 // inArena reports whether [off, off+n) lies within an arena of size bytes.
 // Both values come from u32 fields, so the sum cannot overflow an int.
 func inArena(off, n, size int) bool { return off >= 0 && n >= 0 && off <= size && n <= size-off }
-
-// writeSlotHeader stores h into slot (SlotBytes) and clears cancel and status.
-func writeSlotHeader(slot []byte, h *SlotHeader) {
-	put64(slot, slotRequestID, h.RequestID)
-	put64(slot, slotDeadline, uint64(h.Deadline))
-	put32(slot, slotExamples, uint32(h.Examples))
-	put32(slot, slotPayloadOff, uint32(h.PayloadOffset))
-	put32(slot, slotPayloadLen, uint32(h.PayloadLength))
-	put32(slot, slotScoresOff, uint32(h.ScoresOffset))
-	copy(slot[slotTraceID:slotTraceID+16], h.Trace.TraceID[:])
-	copy(slot[slotSpanID:slotSpanID+8], h.Trace.SpanID[:])
-	slot[slotTraceFlags] = h.Trace.Flags
-	put32(slot, slotArrival, h.Arrival)
-	// Cancel and status are adjacent u32s on an 8-byte boundary: one
-	// atomic store clears both.
-	atomic.StoreUint64(word64(slot, slotCancel), 0)
-}
-
-// readSlotHeader loads a slot header without validating it.
-func readSlotHeader(slot []byte) SlotHeader {
-	var h SlotHeader
-	h.RequestID = get64(slot, slotRequestID)
-	h.Deadline = int64(get64(slot, slotDeadline))
-	h.Examples = int(get32(slot, slotExamples))
-	h.PayloadOffset = int(get32(slot, slotPayloadOff))
-	h.PayloadLength = int(get32(slot, slotPayloadLen))
-	h.ScoresOffset = int(get32(slot, slotScoresOff))
-	copy(h.Trace.TraceID[:], slot[slotTraceID:slotTraceID+16])
-	copy(h.Trace.SpanID[:], slot[slotSpanID:slotSpanID+8])
-	h.Trace.Flags = slot[slotTraceFlags]
-	h.Arrival = get32(slot, slotArrival)
-	return h
-}
