@@ -307,11 +307,9 @@ func (d *dispatcher) readRound(ctx context.Context) (progressed bool, err error)
 // it does not fit). ok is false when no staging buffer is free.
 func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err error) {
 	now := time.Now()
-	cfg := d.cfg
-	status := shm.StatusOK
+	payload, status := decodeRequest(d.cfg, d.e.opts.MaxBatch, &req)
 	switch {
-	case req.PayloadLength != cfg.Request(req.Examples).Size || req.Examples > d.e.opts.MaxBatch:
-		status = shm.StatusInvalid
+	case status != shm.StatusOK:
 	case d.readers[req.Lane].Canceled(req.Slot):
 		status = shm.StatusCanceled
 	case req.Deadline != 0 && now.UnixNano() > req.Deadline:
@@ -367,7 +365,7 @@ func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err e
 	for first := 0; first < rows; first += DefaultChunk {
 		n := min(DefaultChunk, rows-first)
 		b.wg.Add(1)
-		d.jobs <- job{b: b, entry: k, payload: req.Payload, reqN: req.Examples, first: first, n: n, row: row + first}
+		d.jobs <- job{b: b, entry: k, payload: payload, first: first, n: n, row: row + first}
 	}
 	d.count(status)
 	return true, nil

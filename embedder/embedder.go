@@ -15,7 +15,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -465,9 +464,8 @@ type openBatch struct {
 type job struct {
 	b       *openBatch
 	entry   int
-	payload []byte
-	reqN    int // examples in the whole request
-	first   int // first example of the chunk within the request
+	payload model.RequestPayload // the whole request's arrays (decodeRequest)
+	first   int                  // first example of the chunk within the request
 	n       int
 	row     int // staging row of the chunk's first example
 }
@@ -561,10 +559,8 @@ func (w *worker) run(j job) {
 	start := time.Now()
 	cfg := w.store.Config
 	width := cfg.SparseWidth()
-	lay := cfg.Request(j.reqN)
 	ids := w.ids[:j.n*width]
-	src := unsafe.Slice((*int32)(unsafe.Pointer(&j.payload[lay.SparseOffset+j.first*width*4])), j.n*width)
-	copy(ids, src)
+	copy(ids, j.payload.Sparse[j.first*width:(j.first+j.n)*width])
 	tables := w.store.Tables
 	per := len(cfg.VocabSizes) * cfg.EmbeddingDim
 	out := j.b.pooled[j.row*per : (j.row+j.n)*per]
@@ -576,8 +572,8 @@ func (w *worker) run(j job) {
 		j.b.status[j.entry].Store(uint32(shm.StatusInternal))
 		return
 	}
-	dsrc := unsafe.Slice((*float32)(unsafe.Pointer(&j.payload[j.first*cfg.NumDense*4])), j.n*cfg.NumDense)
-	copy(j.b.dense[j.row*cfg.NumDense:(j.row+j.n)*cfg.NumDense], dsrc)
+	nd := cfg.NumDense
+	copy(j.b.dense[j.row*nd:(j.row+j.n)*nd], j.payload.Dense[j.first*nd:(j.first+j.n)*nd])
 	took := time.Since(start)
 	w.e.m.lookup.Observe(took.Seconds())
 	if w.e.opts.Mode == batch.SLO {

@@ -5,7 +5,9 @@
 #                        the control plane)
 #   make fuzz-frontend   the OIP request decoder under the fuzzer for
 #                        FUZZTIME (FuzzModelInferRequest)
-#   make fuzz            fuzz-shm and fuzz-frontend
+#   make fuzz-embedder   the embedder's reading of a request's payload under
+#                        the fuzzer for FUZZTIME (FuzzRequestPayload)
+#   make fuzz            fuzz-shm, fuzz-frontend and fuzz-embedder
 #   make soak            SOAK_MINUTES (30) of open-loop load at 80 % of the
 #                        peak on the 3.2 GB tables (bench/soak/run.sh)
 #   make chaos           honest clients against a mesh with a hostile
@@ -21,7 +23,7 @@ RACE_PKGS := ./shm/... ./frontend/... ./embedder/... ./accelerator/server/... ./
 
 CHAOS_SECONDS ?= 30
 
-.PHONY: test-race fuzz fuzz-frontend chaos
+.PHONY: test-race fuzz fuzz-frontend fuzz-embedder chaos
 
 test-race: $(DEPS)/go.stamp
 	$(GO) test -race -count=1 $(RACE_PKGS)
@@ -29,7 +31,10 @@ test-race: $(DEPS)/go.stamp
 fuzz-frontend: $(DEPS)/go.stamp
 	$(GO) test -run=NONE -fuzz='^FuzzModelInferRequest$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s ./frontend/
 
-fuzz: fuzz-shm fuzz-frontend
+fuzz-embedder: $(DEPS)/go.stamp
+	$(GO) test -run=NONE -fuzz='^FuzzRequestPayload$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s ./embedder/
+
+fuzz: fuzz-shm fuzz-frontend fuzz-embedder
 
 chaos: deps
 	RECMESH_E2E_CHAOS=1 RECMESH_CHAOS_SECONDS=$(CHAOS_SECONDS) $(GO) test -count=1 -timeout 20m -run 'TestE2EChaos$$' -v ./cli/e2e/ > $(DEPS)/chaos.log 2>&1 || { tail -n 60 $(DEPS)/chaos.log; echo "chaos: failed (whole log in .deps/chaos.log)"; exit 1; }

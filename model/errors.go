@@ -23,4 +23,7 @@ var (
 	// ErrBadInput means inputs handed to the reference forward pass have the
 	// wrong length or an embedding id outside its table.
 	ErrBadInput = errors.New("bad model input")
+	// ErrBadPayload means a request payload (RequestLayout.Payload) has the
+	// wrong size for its example count or is misaligned for its arrays.
+	ErrBadPayload = errors.New("bad request payload")
 )

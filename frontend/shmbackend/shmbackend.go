@@ -149,6 +149,9 @@ type slotHandle struct {
 	index   int
 	n       int
 	payload []byte
+	// views are payload's arrays, placed by the model's request layout
+	// (model.RequestLayout.Payload, which the embedder decodes with).
+	views   model.RequestPayload
 	state   atomic.Int32
 	status  chan shm.Status // cap 1
 	moved   *slotHandle     // the slot this request moved to in a newer generation
@@ -392,7 +395,8 @@ func (a *attachment) maybeClose() {
 
 // Acquire claims a slot with room for n examples.
 func (b *Backend) Acquire(ctx context.Context, n int) (frontend.Slot, error) {
-	size := b.cfg.Request(n).Size
+	lay := b.cfg.Request(n)
+	size := lay.Size
 	var timer *time.Timer
 	for {
 		a := b.cur.Load()
@@ -408,8 +412,16 @@ func (b *Backend) Acquire(ctx context.Context, n int) (frontend.Slot, error) {
 		}
 		slot, payload, err := a.lane.Claim(n, size)
 		if err == nil {
+			views, err := lay.Payload(payload)
+			if err != nil {
+				// Claim hands out page-aligned room of the asked size: only
+				// a bug gets here.
+				_ = a.lane.Free(slot)
+				a.release()
+				return nil, fmt.Errorf("shmbackend: slot %d: %v: %w", slot, err, frontend.ErrUnavailable)
+			}
 			h := &a.slots[slot]
-			h.n, h.payload, h.retried = n, payload, false
+			h.n, h.payload, h.views, h.retried = n, payload, views, false
 			h.state.Store(stIdle)
 			return h, nil
 		}
@@ -441,16 +453,9 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-func (h *slotHandle) Dense() []float32 {
-	nd := h.a.b.cfg.NumDense * h.n
-	return unsafe.Slice((*float32)(unsafe.Pointer(&h.payload[0])), nd)
-}
+func (h *slotHandle) Dense() []float32 { return h.views.Dense }
 
-func (h *slotHandle) Sparse() []int32 {
-	cfg := h.a.b.cfg
-	off := cfg.Request(h.n).SparseOffset
-	return unsafe.Slice((*int32)(unsafe.Pointer(&h.payload[off])), h.n*cfg.SparseWidth())
-}
+func (h *slotHandle) Sparse() []int32 { return h.views.Sparse }
 
 // Submit publishes the slot and waits for its completion.
 func (h *slotHandle) Submit(ctx context.Context, call frontend.Call) ([]float32, error) {
