@@ -2,9 +2,8 @@ package server
 
 import (
 	"slices"
+	"sync"
 	"time"
-
-	"github.com/recmesh/recmesh/accelerator/executor"
 )
 
 // Execution time estimates, published per bucket in the segment for the
@@ -33,8 +32,11 @@ const (
 )
 
 // execTimes keeps, per bucket, a ring of recent execution times and their
-// high quantile. It is owned by the goroutine serving a generation.
+// high quantile. One is kept per program and carried across generations,
+// so during a rollout or a replacement the goroutines serving the old and
+// the new generation share it: mu serialises them.
 type execTimes struct {
+	mu      sync.Mutex
 	buckets []int
 	runs    [][]time.Duration // ring per bucket index
 	next    []int
@@ -57,6 +59,8 @@ func newExecTimes(buckets []int) *execTimes {
 // recomputed for each of the first execRefresh runs and then every
 // execRefresh runs.
 func (t *execTimes) observe(i int, d time.Duration) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if len(t.runs[i]) < execWindow {
 		t.runs[i] = append(t.runs[i], d)
 	} else {
@@ -71,9 +75,14 @@ func (t *execTimes) observe(i int, d time.Duration) time.Duration {
 }
 
 // estimate is bucket index i's current estimate (0: no run yet).
-func (t *execTimes) estimate(i int) time.Duration { return t.cached[i] }
+func (t *execTimes) estimate(i int) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cached[i]
+}
 
-// quantile is the execQuantile of bucket index i's recent runs.
+// quantile is the execQuantile of bucket index i's recent runs. Caller
+// holds mu.
 func (t *execTimes) quantile(i int) time.Duration {
 	r := t.runs[i]
 	if len(r) == 0 {
@@ -88,7 +97,7 @@ func (t *execTimes) quantile(i int) time.Duration {
 // calibrate runs every bucket calibrationRuns times on private inputs
 // (never a staging buffer the embedder may be filling) and records the
 // times, smallest bucket first, until calibrationBudget is spent.
-func (t *execTimes) calibrate(ex *executor.Executor) error {
+func (t *execTimes) calibrate(ex program) error {
 	in, err := ex.NewHostInputs(ex.MaxBucket())
 	if err != nil {
 		return err

@@ -62,12 +62,12 @@ type Server struct {
 	gen atomic.Uint64 // attached generation, 0 when none (read by status)
 
 	mu      sync.Mutex
-	ex      *executor.Executor // serves new generations
-	pending *executor.Executor // compiled for a rollout, not yet attached
-	refs    map[*executor.Executor]int
-	// times are the execution time estimates of each executor, calibrated
+	ex      program // serves new generations
+	pending program // compiled for a rollout, not yet attached
+	refs    map[program]int
+	// times are the execution time estimates of each program, calibrated
 	// once and carried across generations.
-	times map[*executor.Executor]*execTimes
+	times map[program]*execTimes
 	// pulses are the serving loops' proofs of progress, one per attached
 	// generation (Live).
 	pulses map[*shm.Pulse]struct{}
@@ -104,6 +104,11 @@ func New(opts Options) (*Server, error) {
 	if opts.Executor == nil {
 		return nil, errors.New("accelerator: server needs an executor")
 	}
+	return newServer(opts, pjrtProgram{opts.Executor}), nil
+}
+
+// newServer is New with the program to serve (the tests' seam).
+func newServer(opts Options, ex program) *Server {
 	if opts.ShmDir == "" {
 		opts.ShmDir = shm.DefaultDir
 	}
@@ -116,17 +121,16 @@ func New(opts Options) (*Server, error) {
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{
+	return &Server{
 		opts:   opts,
-		ex:     opts.Executor,
+		ex:     ex,
 		log:    opts.Log,
-		m:      newMetrics(opts.Registry, opts.Executor.Buckets()),
-		refs:   map[*executor.Executor]int{},
-		times:  map[*executor.Executor]*execTimes{},
+		m:      newMetrics(opts.Registry, ex.Buckets()),
+		refs:   map[program]int{},
+		times:  map[program]*execTimes{},
 		pulses: map[*shm.Pulse]struct{}{},
 		tracer: newTracer(opts.Tracer),
 	}
-	return s, nil
 }
 
 // Path is the segment file the server attaches to.
@@ -139,6 +143,13 @@ func (s *Server) Generation() uint64 { return s.gen.Load() }
 // compiles the new model with it while the old one serves, and the next
 // generation that announces that model is served with it.
 func (s *Server) Prepare(ex *executor.Executor) {
+	if ex == nil {
+		return
+	}
+	s.prepare(pjrtProgram{ex})
+}
+
+func (s *Server) prepare(ex program) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pending != nil && s.pending != s.ex && s.refs[s.pending] == 0 {
@@ -192,7 +203,7 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // serveGeneration serves one attached segment with ex until it ends.
-func (s *Server) serveGeneration(ctx context.Context, seg *shm.Segment, ex *executor.Executor) {
+func (s *Server) serveGeneration(ctx context.Context, seg *shm.Segment, ex program) {
 	gen := seg.Generation()
 	s.gen.Store(gen)
 	s.m.generation.Set(float64(gen))
@@ -218,7 +229,7 @@ func (s *Server) serveGeneration(ctx context.Context, seg *shm.Segment, ex *exec
 
 // attach opens the current generation, picks the executor compiled for its
 // model, and registers as its accelerator.
-func (s *Server) attach() (*shm.Segment, *executor.Executor, error) {
+func (s *Server) attach() (*shm.Segment, program, error) {
 	seg, err := shm.Attach(s.Path(), shm.AttachOptions{})
 	if err != nil {
 		return nil, nil, err
@@ -237,7 +248,7 @@ func (s *Server) attach() (*shm.Segment, *executor.Executor, error) {
 	}
 	s.refs[ex]++
 	s.mu.Unlock()
-	fail := func(err error) (*shm.Segment, *executor.Executor, error) {
+	fail := func(err error) (*shm.Segment, program, error) {
 		s.mu.Lock()
 		s.refs[ex]--
 		s.mu.Unlock()
@@ -258,7 +269,7 @@ func (s *Server) attach() (*shm.Segment, *executor.Executor, error) {
 }
 
 // serve runs one generation's batches.
-func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Executor) error {
+func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex program) error {
 	ctx, cancel := context.WithCancel(ctx)
 	// The heartbeat writes into the mapping: it must stop before the
 	// caller unmaps it.
@@ -294,9 +305,9 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 	}
 	rows := model.PowerOfTwoCeil(g.MaxExamples)
 	// One region per staging buffer (zero-copy), then the private one.
-	inputs := make([]*executor.Inputs, g.StagingCount+1)
+	regions := make([]inputs, g.StagingCount+1)
 	defer func() {
-		for _, in := range inputs {
+		for _, in := range regions {
 			if in != nil {
 				in.Close()
 			}
@@ -325,14 +336,9 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 			}
 			return err
 		}
-		in, err := s.batchInputs(ex, inputs, b, rows)
-		if err != nil {
-			return err
-		}
 		_, idx, _ := ex.BucketFor(max(b.Examples, 1))
 		pulse.Expect(runAllowance(times.estimate(idx)))
-		s.runBatch(ex, seg, times, reader, b, in, writers, touched, scores)
-		if err := reader.Done(b); err != nil {
+		if err := s.serveBatch(ex, seg, times, reader, regions, b, rows, writers, touched, scores); err != nil {
 			return err
 		}
 		// The embedder's zero-wait merger seals its open batch when the
@@ -341,22 +347,41 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex *executor.Execu
 	}
 }
 
+// serveBatch runs batch b, completes every request it carries and hands
+// its staging buffer back. A batch claiming more examples than a staging
+// buffer holds (rows) is corrupt: it is not run, its live requests fail
+// with StatusInternal and the generation goes on. An error (no input
+// region, or Done refusing the batch) ends the generation.
+func (s *Server) serveBatch(ex program, seg *shm.Segment, times *execTimes, reader *shm.BatchReader, regions []inputs, b shm.Batch, rows int, writers []*shm.CompletionWriter, touched []bool, scores []float32) error {
+	var in inputs
+	if b.Examples <= rows {
+		var err error
+		if in, err = s.batchInputs(ex, regions, b, rows); err != nil {
+			return err
+		}
+	} else {
+		s.log.Warn("batch has more examples than a staging buffer holds", "batch", b.Seq, "examples", b.Examples, "rows", rows)
+	}
+	s.runBatch(ex, seg, times, reader, b, in, writers, touched, scores)
+	return reader.Done(b)
+}
+
 // batchInputs returns the inputs batch b runs from: the staging buffer
 // itself (ZeroCopyStaging; wrapped once per buffer in inputs), or the
-// private region inputs[len(inputs)-1] with the batch's rows copied in.
+// private region regions[len(regions)-1] with the batch's rows copied in.
 // The copy runs in this goroutine, which the caller guards against faults.
-func (s *Server) batchInputs(ex *executor.Executor, inputs []*executor.Inputs, b shm.Batch, rows int) (*executor.Inputs, error) {
+func (s *Server) batchInputs(ex program, regions []inputs, b shm.Batch, rows int) (inputs, error) {
 	if s.opts.ZeroCopyStaging {
-		if inputs[b.Staging] == nil {
+		if regions[b.Staging] == nil {
 			in, err := ex.NewInputs(b.Data, rows)
 			if err != nil {
 				return nil, fmt.Errorf("accelerator: wrap staging %d: %w", b.Staging, err)
 			}
-			inputs[b.Staging] = in
+			regions[b.Staging] = in
 		}
-		return inputs[b.Staging], nil
+		return regions[b.Staging], nil
 	}
-	priv := &inputs[len(inputs)-1]
+	priv := &regions[len(regions)-1]
 	if *priv == nil {
 		in, err := ex.NewHostInputs(rows)
 		if err != nil {
@@ -373,7 +398,7 @@ func (s *Server) batchInputs(ex *executor.Executor, inputs []*executor.Inputs, b
 // execTimesFor returns ex's execution time estimates, calibrating them on
 // first use (the embedder's SLO batching needs them before the first
 // batch, and a new executor's buckets have never run).
-func (s *Server) execTimesFor(ex *executor.Executor) (*execTimes, error) {
+func (s *Server) execTimesFor(ex program) (*execTimes, error) {
 	s.mu.Lock()
 	t := s.times[ex]
 	s.mu.Unlock()
@@ -405,11 +430,15 @@ func (s *Server) publishExec(seg *shm.Segment, i, b int, d time.Duration) {
 	s.m.predicted[i].Set(d.Seconds())
 }
 
-// runBatch executes one batch and completes every request it carries.
-func (s *Server) runBatch(ex *executor.Executor, seg *shm.Segment, times *execTimes, reader *shm.BatchReader, b shm.Batch, in *executor.Inputs, writers []*shm.CompletionWriter, touched []bool, scores []float32) {
+// runBatch executes one batch and completes every request it carries. A
+// nil in means the batch cannot run (serveBatch says why).
+func (s *Server) runBatch(ex program, seg *shm.Segment, times *execTimes, reader *shm.BatchReader, b shm.Batch, in inputs, writers []*shm.CompletionWriter, touched []bool, scores []float32) {
 	n := b.Examples
 	runStatus := shm.StatusOK
-	if n > 0 {
+	if n > 0 && in == nil {
+		reader.Executed(b) // nothing will run: the device is free
+		runStatus = shm.StatusInternal
+	} else if n > 0 {
 		start := time.Now()
 		err := ex.Run(in, n, scores)
 		// The device is free now, before the completions are written: the
