@@ -7,7 +7,11 @@
 #                        FUZZTIME (FuzzModelInferRequest)
 #   make fuzz-embedder   the embedder's reading of a request's payload under
 #                        the fuzzer for FUZZTIME (FuzzRequestPayload)
-#   make fuzz            fuzz-shm, fuzz-frontend and fuzz-embedder
+#   make fuzz-accelerator the accelerator's serving of batches whose entries
+#                        an embedder chose, under the fuzzer for FUZZTIME
+#                        (FuzzBatchEntries)
+#   make fuzz            fuzz-shm, fuzz-frontend, fuzz-embedder and
+#                        fuzz-accelerator
 #   make soak            SOAK_MINUTES (30) of open-loop load at 80 % of the
 #                        peak on the 3.2 GB tables (bench/soak/run.sh)
 #   make chaos           honest clients against a mesh with a hostile
@@ -23,7 +27,7 @@ RACE_PKGS := ./shm/... ./frontend/... ./embedder/... ./accelerator/server/... ./
 
 CHAOS_SECONDS ?= 30
 
-.PHONY: test-race fuzz fuzz-frontend fuzz-embedder chaos
+.PHONY: test-race fuzz fuzz-frontend fuzz-embedder fuzz-accelerator chaos
 
 test-race: $(DEPS)/go.stamp
 	$(GO) test -race -count=1 $(RACE_PKGS)
@@ -34,7 +38,10 @@ fuzz-frontend: $(DEPS)/go.stamp
 fuzz-embedder: $(DEPS)/go.stamp
 	$(GO) test -run=NONE -fuzz='^FuzzRequestPayload$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s ./embedder/
 
-fuzz: fuzz-shm fuzz-frontend fuzz-embedder
+fuzz-accelerator: $(DEPS)/go.stamp
+	$(GO) test -run=NONE -fuzz='^FuzzBatchEntries$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s ./accelerator/server/
+
+fuzz: fuzz-shm fuzz-frontend fuzz-embedder fuzz-accelerator
 
 chaos: deps
 	RECMESH_E2E_CHAOS=1 RECMESH_CHAOS_SECONDS=$(CHAOS_SECONDS) $(GO) test -count=1 -timeout 20m -run 'TestE2EChaos$$' -v ./cli/e2e/ > $(DEPS)/chaos.log 2>&1 || { tail -n 60 $(DEPS)/chaos.log; echo "chaos: failed (whole log in .deps/chaos.log)"; exit 1; }
