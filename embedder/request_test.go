@@ -2,6 +2,7 @@ package embedder
 
 import (
 	"bytes"
+	"math"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -200,7 +201,7 @@ func FuzzRequestPayload(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(p.Dense, ref.Dense) || !slices.Equal(p.Sparse, ref.Sparse) {
+		if !sameBits(p.Dense, ref.Dense) || !slices.Equal(p.Sparse, ref.Sparse) {
 			t.Fatal("the views read something else than the plain decoder")
 		}
 		enc := make([]byte, lay.Size)
@@ -213,8 +214,14 @@ func FuzzRequestPayload(f *testing.F) {
 			t.Fatalf("ids out of range: lookup status %v, want invalid", got)
 		case ok && got != shm.StatusOK:
 			t.Fatalf("ids in range: lookup status %v", got)
-		case ok && (!slices.Equal(b.pooled, want) || !slices.Equal(b.dense, ref.Dense)):
+		case ok && (!slices.Equal(b.pooled, want) || !sameBits(b.dense, ref.Dense)):
 			t.Fatal("pooled or dense rows differ from the reference")
 		}
 	})
+}
+
+// sameBits compares float32s bit for bit: payload bytes may hold NaNs,
+// which == never matches.
+func sameBits(a, b []float32) bool {
+	return slices.EqualFunc(a, b, func(x, y float32) bool { return math.Float32bits(x) == math.Float32bits(y) })
 }
