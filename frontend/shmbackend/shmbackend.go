@@ -249,11 +249,13 @@ func (a *attachment) run() {
 		case <-a.lost.Done():
 		}
 	}
-	// Give the lane back. After a loss work may still be in it: the
-	// embedder frees the lane once no batch can write there any more.
-	_ = shm.GuardFaults(a.lane.Release)
+	// Stop the loops first: a loop that finds the lane given back would
+	// take a drain for a loss. Then give the lane back; after a loss work
+	// may still be in it, and the embedder frees the lane once no batch can
+	// write there any more.
 	stopLoops()
-	// Retired before the loops have stopped: calls still waiting (after a
+	_ = shm.GuardFaults(a.lane.Release)
+	// Retired before the loops have returned: calls still waiting (after a
 	// loss) move to the next generation now, not a liveness tick later.
 	a.enter(phaseRetired)
 	a.loops.Wait()
