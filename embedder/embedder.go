@@ -131,6 +131,8 @@ type Embedder struct {
 
 	// loads hands a rollout's new store to Run, which answers on done.
 	loads chan loadRequest
+	// stopped is closed when Run has returned: a Load then fails at once.
+	stopped chan struct{}
 
 	mu     sync.Mutex
 	store  *Store // serving store; Run owns it
@@ -153,7 +155,7 @@ func New(opts Options) (*Embedder, error) {
 	if opts.MaxBatch > model.MaxBatchLimit {
 		return nil, fmt.Errorf("embedder: max batch %d above %d (change --max-batch)", opts.MaxBatch, model.MaxBatchLimit)
 	}
-	e := &Embedder{opts: opts, m: newMetrics(opts.Registry), log: opts.Log, loads: make(chan loadRequest), pulses: map[*shm.Pulse]struct{}{}}
+	e := &Embedder{opts: opts, m: newMetrics(opts.Registry), log: opts.Log, loads: make(chan loadRequest), stopped: make(chan struct{}), pulses: map[*shm.Pulse]struct{}{}}
 	store, err := e.loadStore(opts.Bundle)
 	if err != nil {
 		return nil, err
@@ -235,6 +237,9 @@ func (e *Embedder) Load(ctx context.Context, dir string, prepare func(ctx contex
 	req := loadRequest{store: store, done: make(chan Generation, 1)}
 	select {
 	case e.loads <- req:
+	case <-e.stopped:
+		store.Close()
+		return Generation{}, fmt.Errorf("embedder: rollout of %s: %w", dir, errStopped)
 	case <-ctx.Done():
 		store.Close()
 		return Generation{}, ctx.Err()
@@ -250,6 +255,9 @@ func (e *Embedder) Load(ctx context.Context, dir string, prepare func(ctx contex
 	}
 }
 
+// errStopped answers a Load after Run has returned.
+var errStopped = errors.New("the embedder has stopped serving")
+
 // errAcceleratorGone ends a generation whose accelerator died: its
 // in-flight batches are lost, so the next generation starts clean.
 var errAcceleratorGone = errors.New("embedder: accelerator died")
@@ -262,68 +270,78 @@ const drainTimeout = 30 * time.Second
 // the accelerator dies it starts a new generation, so a restarted
 // accelerator and the frontends re-attach to fresh rings; when Load hands
 // it new tables, the new generation serves beside the draining old one.
+//
+// Run has one way out, shutdown, whatever ends it: ctx, or a generation
+// that cannot be started. Every generation it leaves is drained and
+// closed. It returns nil when ctx ended it. Run may be called once.
 func (e *Embedder) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	endedCh := make(chan ended, 64)
-	var wg sync.WaitGroup
-	var gens []*generation // every generation not yet closed
-	start := func(store *Store) (*generation, error) {
-		g, err := e.create(store)
-		if err != nil {
-			return nil, err
-		}
-		gens = append(gens, g)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := e.serve(ctx, g)
-			endedCh <- ended{g, err}
-		}()
-		return g, nil
-	}
-	cur, err := start(e.Store())
+	r := &running{ended: make(chan ended, 64)}
+	err := e.serveGenerations(ctx, r)
+	return e.shutdown(cancel, r, err)
+}
+
+// running is what Run holds: the generations not yet closed and the
+// goroutines serving them.
+type running struct {
+	gens  []*generation // every generation not yet closed
+	cur   *generation   // the one new work goes to
+	wg    sync.WaitGroup
+	ended chan ended // a generation's serve returned
+}
+
+type ended struct {
+	g   *generation
+	err error
+}
+
+// start creates a generation on store, makes it the current one and
+// serves it until it ends or ctx is done.
+func (e *Embedder) start(ctx context.Context, r *running, store *Store) error {
+	g, err := e.create(store)
 	if err != nil {
-		e.Store().Close()
+		return err
+	}
+	r.gens = append(r.gens, g)
+	r.cur = g
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		err := e.serve(ctx, g)
+		r.ended <- ended{g, err}
+	}()
+	return nil
+}
+
+// serveGenerations is Run's loop. It returns nil when ctx is done and the
+// error that stops serving otherwise; it leaves the generations still
+// open to shutdown.
+func (e *Embedder) serveGenerations(ctx context.Context, r *running) error {
+	if err := e.start(ctx, r, e.Store()); err != nil {
 		return err
 	}
 	backoff := regenerateBackof / 2
 	for {
 		select {
 		case <-ctx.Done():
-			return e.finish(cancel, &wg, gens, cur)
+			return nil
 		case req := <-e.loads:
-			old := cur
-			g, err := start(req.store)
-			if err != nil {
-				e.log.Error("rollout: new generation", "err", err)
-				req.store.Close()
-				req.done <- Generation{}
-				continue
-			}
-			cur = g
-			e.mu.Lock()
-			e.store = req.store
-			e.mu.Unlock()
-			old.replaced.Store(true)
-			e.log.Info("rollout: new generation serving; old one draining", "old", old.seg.Generation(), "new", g.seg.Generation(), "model", req.store.Config.ID())
-			req.done <- e.Current()
-		case end := <-endedCh:
-			g := end.g
+			e.rollout(ctx, r, req)
+		case end := <-r.ended:
 			if ctx.Err() != nil {
-				return e.finish(cancel, &wg, gens, cur)
+				return nil
 			}
-			gens = slices.DeleteFunc(gens, func(x *generation) bool { return x == g })
-			if g != cur {
+			g := end.g
+			r.gens = slices.DeleteFunc(r.gens, func(x *generation) bool { return x == g })
+			e.closeGeneration(g)
+			if g.store != e.Store() {
+				_ = g.store.Close()
+			}
+			if g != r.cur {
 				// A replaced generation finished draining.
 				e.log.Info("generation drained", "generation", g.seg.Generation(), "err", end.err)
-				_ = g.seg.Close()
-				if g.store != e.Store() {
-					_ = g.store.Close()
-				}
 				continue
 			}
-			_ = g.seg.Close()
 			// Whatever ended the generation, the accelerator's death or a
 			// segment someone corrupted or truncated, the process lives on:
 			// a new generation takes over, and frontends and the
@@ -342,43 +360,72 @@ func (e *Embedder) Run(ctx context.Context) error {
 			}
 			select {
 			case <-ctx.Done():
-				_ = g.seg.Remove()
-				e.Store().Close()
 				return nil
 			case <-time.After(backoff):
 			}
-			if cur, err = start(e.Store()); err != nil {
-				e.Store().Close()
-				return err
+			if err := e.start(ctx, r, e.Store()); err != nil {
+				return fmt.Errorf("replacing generation %d: %w", g.seg.Generation(), err)
 			}
 		}
 	}
 }
 
-type ended struct {
-	g   *generation
-	err error
+// rollout starts a generation on a loaded store beside the current one,
+// which drains, and answers the Load.
+func (e *Embedder) rollout(ctx context.Context, r *running, req loadRequest) {
+	old := r.cur
+	if err := e.start(ctx, r, req.store); err != nil {
+		e.log.Error("rollout: new generation", "err", err)
+		req.store.Close()
+		req.done <- Generation{}
+		return
+	}
+	e.mu.Lock()
+	e.store = req.store
+	e.mu.Unlock()
+	old.replaced.Store(true)
+	e.log.Info("rollout: new generation serving; old one draining", "old", old.seg.Generation(), "new", r.cur.seg.Generation(), "model", req.store.Config.ID())
+	req.done <- e.Current()
 }
 
-// finish stops every generation, closes them (the current one's file is
-// removed: no one may attach to a segment without an owner) and their
-// stores.
-func (e *Embedder) finish(cancel context.CancelFunc, wg *sync.WaitGroup, gens []*generation, cur *generation) error {
+// shutdown is Run's one way out. It stops every generation's goroutines,
+// drains and closes every generation not yet closed (the current one and
+// any predecessor still draining), closes the stores, tells Load that
+// nothing serves any more, and returns why Run ended, wrapped.
+func (e *Embedder) shutdown(cancel context.CancelFunc, r *running, cause error) error {
 	cancel()
-	wg.Wait()
+	r.wg.Wait()
 	stores := map[*Store]bool{e.Store(): true}
-	for _, g := range gens {
-		_ = g.seg.Drain()
-		_ = g.seg.Close()
-		if g == cur {
-			_ = g.seg.Remove()
-		}
+	for _, g := range r.gens {
+		e.closeGeneration(g)
 		stores[g.store] = true
 	}
+	r.gens, r.cur = nil, nil
 	for s := range stores {
 		_ = s.Close()
 	}
+	close(e.stopped)
+	if cause != nil {
+		return fmt.Errorf("embedder: stopped serving: %w", cause)
+	}
 	return nil
+}
+
+// closeGeneration ends a generation whose goroutines have returned: it
+// marks the segment draining and then closed, so frontends and the
+// accelerator see their generation end, and removes its file if the path
+// still names it: no one may attach to a segment without an owner.
+func (e *Embedder) closeGeneration(g *generation) {
+	// The mapping may have been truncated under us (that may be what
+	// ended the generation): a fault costs the words, not the process.
+	_ = shm.GuardFaults(g.seg.Drain)
+	_ = g.seg.Close()
+	_ = g.seg.Remove()
+	e.mu.Lock()
+	if e.seg == g.seg {
+		e.seg = nil // Lanes must not read a closed mapping
+	}
+	e.mu.Unlock()
 }
 
 // generation is one segment and the store it serves.

@@ -6,6 +6,13 @@
 // re-attaches to the next generation by itself; when a new generation
 // replaces the current one (a model rollout), new calls go to it while the
 // old lane drains.
+//
+// Each attachment to a generation is one state machine, attached →
+// draining → retired → closed (see phase), driven by one owner goroutine;
+// every transition is an event that calls and the manager select on. The
+// manager goroutine owns the attachments: it makes them, tells the current
+// one to drain when a newer generation serves, and on Close waits until
+// every one of them is closed.
 package shmbackend
 
 import (
@@ -15,6 +22,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,7 +40,11 @@ const (
 	// answers ErrFull (RESOURCE_EXHAUSTED): long enough to ride out a burst,
 	// short against any client deadline.
 	DefaultFullWait = 2 * time.Millisecond
-	// checkInterval is how often the manager looks for a new generation.
+	// checkInterval is how often the manager looks for a new generation
+	// and rechecks that the current one has an accelerator. Both are words
+	// other processes write (the file at the segment's path, the segment's
+	// state and accelerator words) with no doorbell a frontend sleeps on,
+	// so they are polled; Options.Notify wakes the manager sooner.
 	checkInterval = 50 * time.Millisecond
 )
 
@@ -59,11 +71,15 @@ type Backend struct {
 	log    *slog.Logger
 	nextID atomic.Uint64
 
-	cur    atomic.Pointer[attachment]
-	freed  chan struct{} // a slot was freed somewhere (cap 1)
-	cancel context.CancelFunc
-	done   chan struct{}
-	closed atomic.Bool
+	// cur is the attachment new calls go to; only the manager sets it.
+	cur atomic.Pointer[attachment]
+	// changed fires, and is replaced, whenever cur or its accelerator's
+	// presence changes: calls moving off a lost generation wait on it.
+	changed atomic.Pointer[event]
+	freed   chan struct{} // a slot was freed somewhere (cap 1)
+	cancel  context.CancelFunc
+	done    chan struct{}
+	closed  atomic.Bool
 }
 
 // New starts the manager goroutine that attaches to the segment; Ready
@@ -86,6 +102,7 @@ func New(opts Options) (*Backend, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{opts: opts, cfg: opts.Model, log: opts.Log, freed: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	b.changed.Store(newEvent())
 	go b.manage(ctx)
 	return b, nil
 }
@@ -104,35 +121,44 @@ func (b *Backend) Generation() uint64 {
 // Ready reports whether calls can be served now.
 func (b *Backend) Ready() bool {
 	a := b.cur.Load()
-	if a == nil || a.isDead() || a.seg.State() != shm.StateReady {
+	if a == nil || !a.serving() || !a.pin() {
 		return false
 	}
-	return a.accel.Load()
+	defer a.release()
+	ready := false
+	_ = shm.GuardFaults(func() error { ready = a.seg.State() == shm.StateReady; return nil })
+	return ready
 }
 
-// attachment is one claimed lane of one generation.
+// attachment is one claimed lane of one generation, and its lifecycle.
 type attachment struct {
-	b       *Backend
-	seg     *shm.Segment
-	lane    *shm.Lane
-	ino     uint64
-	slots   []slotHandle
-	dead    chan struct{}
-	deadErr atomic.Pointer[error]
-	refs    atomic.Int64 // slots handed out and not released
+	b     *Backend
+	seg   *shm.Segment
+	lane  *shm.Lane
+	ino   uint64
+	slots []slotHandle
+	life  *lifecycle
+	// refs counts what needs the mapping: slots handed out and not
+	// released (an abandoned slot's until its completion is read) and
+	// pins. It is closedRefs once the segment is unmapped.
+	refs atomic.Int64
+	// idle gets a token when refs drops to zero after draining began: the
+	// owner waits on it for the last slot to come back.
+	idle chan struct{} // cap 1
 	// accel says an accelerator is attached and alive, refreshed by the
 	// manager every check, so Acquire refuses work nobody would run without
 	// a syscall per request.
-	accel   atomic.Bool
-	retired atomic.Bool
-	once    sync.Once
-	stop    context.CancelFunc
-	// loops runs the heartbeat and completion goroutines; the mapping is
-	// unmapped only after they returned (quiet), or they would fault.
-	loops   sync.WaitGroup
-	quiet   atomic.Bool
-	closeMu sync.Mutex
-	closedX bool
+	accel atomic.Bool
+	// The owner's inputs: drainReq from the manager (a newer generation
+	// serves, or this one never got an accelerator); lost from whoever
+	// finds the generation unusable (a loop, a fault, the backend
+	// closing), with the first reason in lostErr.
+	drainReq *event
+	lost     *event
+	lostErr  atomic.Pointer[error]
+	// loops runs the heartbeat and the completion reader; the mapping is
+	// unmapped only after they returned, or they would fault.
+	loops sync.WaitGroup
 }
 
 // Slot states, so a call that gives up and the completion reader agree on
@@ -158,7 +184,12 @@ type slotHandle struct {
 	retried bool            // this slot holds a request already moved once
 }
 
-func (b *Backend) attach(ctx context.Context) (*attachment, error) {
+// errClosing ends the attachments of a backend being closed.
+var errClosing = fmt.Errorf("shmbackend: backend closed: %w", frontend.ErrUnavailable)
+
+// attach claims a lane in the generation at the segment's path and starts
+// the attachment's owner goroutine.
+func (b *Backend) attach() (*attachment, error) {
 	path := b.Path()
 	// Any model id: a rollout switches models under the frontend. The
 	// request layout is fixed by the DLRMv2 contract, and the embedder
@@ -167,81 +198,238 @@ func (b *Backend) attach(ctx context.Context) (*attachment, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A generation whose accelerator died is being replaced: claiming a
-	// lane in it would only fail again.
-	if err := seg.PeersAlive(); err != nil {
-		seg.Close()
-		return nil, err
-	}
-	lane, err := seg.ClaimLane(os.Getpid())
+	var lane *shm.Lane
+	accel := false
+	err = shm.GuardFaults(func() error {
+		// A generation whose accelerator died is being replaced: claiming
+		// a lane in it would only fail again.
+		if err := seg.PeersAlive(); err != nil {
+			return err
+		}
+		var err error
+		if lane, err = seg.ClaimLane(os.Getpid()); err != nil {
+			return err
+		}
+		accel = seg.AcceleratorAlive(0) == nil
+		return nil
+	})
 	if err != nil {
 		seg.Close()
 		return nil, err
 	}
 	ino, _ := shm.FileIdentity(path)
-	actx, stop := context.WithCancel(ctx)
-	a := &attachment{b: b, seg: seg, lane: lane, ino: ino, dead: make(chan struct{}), stop: stop}
+	a := &attachment{b: b, seg: seg, lane: lane, ino: ino, life: newLifecycle(), idle: make(chan struct{}, 1),
+		drainReq: newEvent(), lost: newEvent()}
 	a.slots = make([]slotHandle, seg.Geometry().SlotsPerLane)
 	for i := range a.slots {
 		a.slots[i] = slotHandle{a: a, index: i, status: make(chan shm.Status, 1)}
 	}
-	a.loops.Add(2)
-	// Both loops touch the mapping: a fault (the segment file truncated
-	// under it) fails this attachment, and the manager attaches anew.
-	go func() {
-		defer a.loops.Done()
-		if err := shm.GuardFaults(func() error { return lane.Heartbeat(actx, 0) }); errors.Is(err, shm.ErrSegmentLost) {
-			a.fail(err)
-		}
-	}()
-	go func() {
-		defer a.loops.Done()
-		if err := shm.GuardFaults(func() error { a.readCompletions(actx); return nil }); err != nil {
-			a.fail(err)
-		}
-	}()
-	a.accel.Store(seg.AcceleratorAlive(0) == nil)
+	a.accel.Store(accel)
+	go a.run()
 	return a, nil
 }
 
-// manage keeps an attachment to the newest live generation.
+// run is the attachment's owner: the one goroutine that moves it through
+// its phases. Each phase ends on an event or a channel, never on a poll.
+func (a *attachment) run() {
+	ctx, stopLoops := context.WithCancel(context.Background())
+	defer stopLoops()
+	a.startLoops(ctx)
+
+	// Attached: serve until a newer generation takes over or this one is
+	// lost.
+	select {
+	case <-a.drainReq.Done():
+	case <-a.lost.Done():
+	}
+	a.enter(phaseDraining)
+
+	// Draining: Acquire refuses new calls; the ones in flight complete
+	// here, unless the generation is lost under them.
+	for a.refs.Load() > 0 && !a.lost.HasFired() {
+		select {
+		case <-a.idle:
+		case <-a.lost.Done():
+		}
+	}
+	// Stop the loops first: a loop that finds the lane given back would
+	// take a drain for a loss. Then give the lane back; after a loss work
+	// may still be in it, and the embedder frees the lane once no batch can
+	// write there any more.
+	stopLoops()
+	_ = shm.GuardFaults(a.lane.Release)
+	// Retired before the loops have returned: calls still waiting (after a
+	// loss) move to the next generation now, not a liveness tick later.
+	a.enter(phaseRetired)
+	a.loops.Wait()
+	a.dropAbandoned()
+
+	// Retired: wait for the calls still holding slots (Submit returned on
+	// retired) and for pins, then unmap. The CAS makes any later Acquire
+	// or pin see a closed attachment.
+	for !a.refs.CompareAndSwap(0, closedRefs) {
+		<-a.idle
+	}
+	if err := a.seg.Close(); err != nil {
+		a.b.log.Debug("close segment", "generation", a.seg.Generation(), "err", err)
+	}
+	a.enter(phaseClosed)
+}
+
+// enter advances the lifecycle. Only run calls it, in order, so it cannot
+// fail; an error would be a bug worth a loud log, not a crash.
+func (a *attachment) enter(p phase) {
+	if err := a.life.advance(p); err != nil {
+		a.b.log.Error("lane lifecycle", "generation", a.seg.Generation(), "err", err)
+		return
+	}
+	a.b.log.Debug("lane "+p.String(), "generation", a.seg.Generation(), "lane", a.lane.Index())
+}
+
+// startLoops starts the heartbeat and the completion reader; both run
+// until ctx is done or the generation is lost.
+func (a *attachment) startLoops(ctx context.Context) {
+	a.loops.Add(2)
+	// Both loops touch the mapping: a fault (the segment file truncated
+	// under it) loses this generation, and the manager attaches anew.
+	go func() {
+		defer a.loops.Done()
+		err := shm.GuardFaults(func() error { return a.lane.Heartbeat(ctx, 0) })
+		if err != nil && ctx.Err() == nil {
+			a.lose(err)
+		}
+	}()
+	go func() {
+		defer a.loops.Done()
+		if err := shm.GuardFaults(func() error { return a.readCompletions(ctx) }); err != nil {
+			a.lose(err)
+		}
+	}()
+}
+
+// drain asks the owner to stop taking calls and retire the attachment once
+// the calls in flight are done.
+func (a *attachment) drain() { a.drainReq.Fire() }
+
+// lose tells the owner that nothing more will complete on this attachment:
+// calls waiting on it move to the next generation.
+func (a *attachment) lose(err error) {
+	if !a.lostErr.CompareAndSwap(nil, &err) {
+		return
+	}
+	if !errors.Is(err, errClosing) {
+		a.b.log.Warn("lane failed", "generation", a.seg.Generation(), "err", err)
+	}
+	a.lost.Fire()
+}
+
+// serving reports whether new calls may go to a: attached, with an
+// accelerator.
+func (a *attachment) serving() bool {
+	return a.life.phase() == phaseAttached && a.accel.Load()
+}
+
+// closedRefs marks an unmapped attachment's reference count: an Acquire or
+// pin that races the close sees a negative count and backs off.
+const closedRefs = -1 << 40
+
+// pin takes a reference that keeps a mapped; false once a is closed.
+// Release it with release.
+func (a *attachment) pin() bool {
+	if a.refs.Add(1) > 0 {
+		return true
+	}
+	a.refs.Add(-1)
+	return false
+}
+
+// release drops a reference. The last one after draining began wakes the
+// owner.
+func (a *attachment) release() {
+	if a.refs.Add(-1) == 0 && a.life.reached(phaseDraining) {
+		select {
+		case a.idle <- struct{}{}:
+		default: // a token is already waiting
+		}
+	}
+}
+
+// releaseSlot drops a slot's reference and tells Acquire there is room.
+func (a *attachment) releaseSlot() {
+	a.release()
+	a.b.signalFreed()
+}
+
+// dropAbandoned drops the references of slots whose callers gave up once
+// the completion reader has stopped: their completions will never be read.
+// A call that gives up after this scan drops its own in Release; the CAS
+// decides which one does.
+func (a *attachment) dropAbandoned() {
+	for i := range a.slots {
+		if a.slots[i].state.CompareAndSwap(stAbandoned, stIdle) {
+			a.release()
+		}
+	}
+}
+
+// manage keeps an attachment to the newest live generation. It owns every
+// attachment it makes and, when ctx ends, closes them all before it
+// returns.
 func (b *Backend) manage(ctx context.Context) {
 	defer close(b.done)
+	var owned []*attachment // every attachment not yet closed
+	defer func() {
+		b.setCurrent(nil)
+		for _, a := range owned {
+			a.lose(errClosing)
+		}
+		for _, a := range owned {
+			<-a.life.entered(phaseClosed).Done()
+		}
+	}()
 	t := time.NewTicker(checkInterval)
 	defer t.Stop()
 	logged := false
 	for {
+		owned = slices.DeleteFunc(owned, func(a *attachment) bool { return a.life.reached(phaseClosed) })
 		a := b.cur.Load()
 		switch {
 		case a == nil:
-			na, err := b.attach(ctx)
+			na, err := b.attach()
 			if err == nil {
-				b.cur.Store(na)
+				owned = append(owned, na)
+				b.setCurrent(na)
 				b.log.Info("attached", "path", na.seg.Path(), "generation", na.seg.Generation(), "lane", na.lane.Index())
 				logged = false
 			} else if !logged {
 				b.log.Info("waiting for the embedder's segment", "path", b.Path(), "reason", err)
 				logged = true
 			}
-		case a.isDead():
-			b.cur.CompareAndSwap(a, nil)
-			a.retire()
+		case a.lost.HasFired():
+			// Its owner retires it; new calls wait for the next generation.
+			b.setCurrent(nil)
 			continue
 		default:
-			a.accel.Store(a.seg.AcceleratorAlive(0) == nil)
-			if b.replaced(a) {
-				na, err := b.attach(ctx)
-				if err == nil && !na.accel.Load() {
-					// Switch only once the new generation can run
-					// requests; until then the old one serves, or
-					// requests wait in move.
-					na.retire()
-					err = errors.New("no accelerator attached yet")
+			replaced, ok := b.examine(a)
+			if !ok {
+				continue // lost under the check
+			}
+			if replaced {
+				na, err := b.attach()
+				if err == nil {
+					owned = append(owned, na)
+					if !na.accel.Load() {
+						// Switch only once the new generation can run
+						// requests; until then the old one serves, or
+						// requests wait in move.
+						na.drain()
+						err = errors.New("no accelerator attached yet")
+					}
 				}
 				if err == nil {
-					b.cur.Store(na)
+					b.setCurrent(na)
 					b.log.Info("switched generation", "from", a.seg.Generation(), "to", na.seg.Generation())
-					a.retire()
+					a.drain()
 					logged = false
 				} else if !logged {
 					b.log.Warn("a newer generation exists but attaching failed", "path", b.Path(), "err", err)
@@ -249,52 +437,57 @@ func (b *Backend) manage(ctx context.Context) {
 				}
 			}
 		}
+		var lost <-chan struct{} // nil blocks forever
+		if a := b.cur.Load(); a != nil {
+			lost = a.lost.Done()
+		}
 		select {
 		case <-ctx.Done():
-			if a := b.cur.Swap(nil); a != nil {
-				a.retire()
-			}
 			return
 		case <-t.C:
 		case <-b.opts.Notify:
-		case <-b.curDead():
+		case <-lost:
 		}
 	}
 }
 
-// curDead is the current attachment's dead channel (nil blocks forever).
-func (b *Backend) curDead() <-chan struct{} {
-	if a := b.cur.Load(); a != nil {
-		return a.dead
-	}
-	return nil
+// setCurrent makes a the attachment new calls go to and wakes the calls
+// waiting for a generation to move to.
+func (b *Backend) setCurrent(a *attachment) {
+	b.cur.Store(a)
+	b.announce()
 }
 
-// replaced reports whether a newer generation took the segment's path, or
-// the attached one is draining.
-func (b *Backend) replaced(a *attachment) bool {
-	if a.seg.State() != shm.StateReady {
-		return true
-	}
-	ino, err := shm.FileIdentity(b.Path())
-	return err == nil && ino != a.ino
-}
+// announce wakes whoever waits for the current attachment to change.
+func (b *Backend) announce() { b.changed.Swap(newEvent()).Fire() }
 
-func (a *attachment) isDead() bool {
-	select {
-	case <-a.dead:
-		return true
-	default:
-		return false
+// examine refreshes whether a's generation has an accelerator and reports
+// whether a newer generation took the segment's path or a's is draining.
+// ok is false when a was lost. It pins a, so its owner cannot unmap it
+// under the reads, and guards them: the file may have been truncated.
+func (b *Backend) examine(a *attachment) (replaced, ok bool) {
+	if !a.pin() {
+		return false, false
 	}
-}
-
-func (a *attachment) fail(err error) {
-	a.once.Do(func() {
-		a.deadErr.Store(&err)
-		close(a.dead)
-		a.b.log.Warn("lane failed", "generation", a.seg.Generation(), "err", err)
+	defer a.release()
+	accel := false
+	err := shm.GuardFaults(func() error {
+		accel = a.seg.AcceleratorAlive(0) == nil
+		replaced = a.seg.State() != shm.StateReady
+		return nil
 	})
+	if err != nil {
+		a.lose(err)
+		return false, false
+	}
+	if a.accel.Swap(accel) != accel {
+		b.announce()
+	}
+	if !replaced {
+		ino, err := shm.FileIdentity(b.Path())
+		replaced = err == nil && ino != a.ino
+	}
+	return replaced, true
 }
 
 // maxBadCompletions is how many corrupt or stale completions in a row a
@@ -303,14 +496,15 @@ const maxBadCompletions = 8
 
 // readCompletions delivers completions to waiting calls and frees the
 // slots of calls that gave up. It is the lane's only completion consumer.
-func (a *attachment) readCompletions(ctx context.Context) {
+// It returns nil once ctx is done (the owner stopped it), or the error
+// that makes the lane unusable.
+func (a *attachment) readCompletions(ctx context.Context) error {
 	bad := 0 // bad completions in a row
 	for {
 		c, err := a.lane.WaitCompletion(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
-				a.fail(frontend.ErrUnavailable)
-				return
+				return nil
 			}
 			if errors.Is(err, shm.ErrCorrupt) || errors.Is(err, shm.ErrStaleEpoch) {
 				// One bad entry is dropped; a ring that keeps yielding
@@ -322,8 +516,7 @@ func (a *attachment) readCompletions(ctx context.Context) {
 				}
 				err = fmt.Errorf("%d bad completions in a row, the lane's completion ring is unusable: %w", bad, err)
 			}
-			a.fail(err)
-			return
+			return err
 		}
 		bad = 0
 		h := &a.slots[c.Slot]
@@ -333,8 +526,7 @@ func (a *attachment) readCompletions(ctx context.Context) {
 		}
 		if h.state.CompareAndSwap(stAbandoned, stIdle) {
 			_ = a.lane.Free(c.Slot)
-			a.release()
-			a.b.signalFreed()
+			a.releaseSlot()
 		}
 	}
 }
@@ -346,53 +538,6 @@ func (b *Backend) signalFreed() {
 	}
 }
 
-// retire stops new work on a and, once its calls are done, releases the
-// lane and unmaps the segment.
-func (a *attachment) retire() {
-	if !a.retired.CompareAndSwap(false, true) {
-		return
-	}
-	go func() {
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for a.refs.Load() > 0 && !a.isDead() {
-			<-t.C
-		}
-		if !a.isDead() {
-			_ = a.lane.Release()
-		}
-		a.stop()
-		a.loops.Wait()
-		a.quiet.Store(true)
-		a.fail(frontend.ErrUnavailable)
-		a.maybeClose()
-	}()
-}
-
-// release drops one slot reference; the last one of a dead attachment
-// unmaps the segment (no call can touch its memory any more).
-func (a *attachment) release() {
-	if a.refs.Add(-1) == 0 {
-		a.maybeClose()
-	}
-}
-
-// closedRefs marks an unmapped attachment's reference count: an Acquire
-// that races the close sees a negative count and backs off.
-const closedRefs = -1 << 40
-
-func (a *attachment) maybeClose() {
-	if !a.quiet.Load() || !a.isDead() || !a.refs.CompareAndSwap(0, closedRefs) {
-		return
-	}
-	a.closeMu.Lock()
-	defer a.closeMu.Unlock()
-	if !a.closedX {
-		a.closedX = true
-		_ = a.seg.Close()
-	}
-}
-
 // Acquire claims a slot with room for n examples.
 func (b *Backend) Acquire(ctx context.Context, n int) (frontend.Slot, error) {
 	lay := b.cfg.Request(n)
@@ -400,15 +545,21 @@ func (b *Backend) Acquire(ctx context.Context, n int) (frontend.Slot, error) {
 	var timer *time.Timer
 	for {
 		a := b.cur.Load()
-		if a == nil || a.isDead() || a.retired.Load() {
+		if a == nil {
 			return nil, fmt.Errorf("shmbackend: no live generation: %w", frontend.ErrUnavailable)
 		}
 		if !a.accel.Load() {
 			return nil, fmt.Errorf("shmbackend: no accelerator attached to generation %d: %w", a.seg.Generation(), frontend.ErrUnavailable)
 		}
-		if a.refs.Add(1) < 0 {
-			a.refs.Add(-1)
-			return nil, fmt.Errorf("shmbackend: generation closed: %w", frontend.ErrUnavailable)
+		// The reference first, then the phase: the owner moves the phase
+		// first, then counts references, so either it counts this one or
+		// this call sees it draining.
+		if !a.pin() {
+			return nil, fmt.Errorf("shmbackend: generation %d closed: %w", a.seg.Generation(), frontend.ErrUnavailable)
+		}
+		if a.life.phase() != phaseAttached {
+			a.release()
+			return nil, fmt.Errorf("shmbackend: no live generation (generation %d is %v): %w", a.seg.Generation(), a.life.phase(), frontend.ErrUnavailable)
 		}
 		slot, payload, err := a.lane.Claim(n, size)
 		if err == nil {
@@ -443,7 +594,8 @@ func (b *Backend) Acquire(ctx context.Context, n int) (frontend.Slot, error) {
 	}
 }
 
-// Close stops the manager and releases the lanes.
+// Close stops the manager, which closes every attachment: their lanes are
+// given back and their segments unmapped when Close returns.
 func (b *Backend) Close() error {
 	if !b.closed.CompareAndSwap(false, true) {
 		return nil
@@ -473,7 +625,9 @@ func (h *slotHandle) Submit(ctx context.Context, call frontend.Call) ([]float32,
 	})
 	if err != nil {
 		h.state.Store(stIdle)
-		if errors.Is(err, shm.ErrDraining) {
+		// A draining segment (a rollout) or a generation lost since
+		// Acquire: the request moves to the successor.
+		if errors.Is(err, shm.ErrDraining) || (a.lost.HasFired() && !h.retried) {
 			return h.move(ctx, call)
 		}
 		if errors.Is(err, shm.ErrFull) {
@@ -489,18 +643,23 @@ func (h *slotHandle) Submit(ctx context.Context, call frontend.Call) ([]float32,
 			a.lane.CountServed(target > 0 && !call.Arrival.IsZero() && time.Since(call.Arrival) > target)
 		}
 		return scores, err
-	case <-a.dead:
-		// The generation is gone (its accelerator died, or the segment was
-		// truncated or corrupted) and nothing will complete here. Scoring
-		// is idempotent: the request moves to the generation that replaces
-		// it, if one serves within moveWait and the call's deadline, so a
-		// lost generation costs honest callers latency, not errors.
-		// Release must not touch the old lane.
+	case <-a.life.entered(phaseRetired).Done():
+		// A retired attachment with a call still waiting was lost (its
+		// accelerator died, or the segment was truncated or corrupted):
+		// nothing will complete here. Scoring is idempotent: the request
+		// moves to the generation that replaces it, if one serves within
+		// moveWait and the call's deadline, so a lost generation costs
+		// honest callers latency, not errors.
 		if h.retried {
 			return nil, fmt.Errorf("shmbackend: embedder or accelerator gone: %w", frontend.ErrUnavailable)
 		}
 		return h.move(ctx, call)
 	case <-ctx.Done():
+		// Once abandoned, the slot's reference is no longer this call's
+		// (a retired attachment's owner may drop it at once): the pin
+		// keeps the mapping for the cancel flag.
+		a.pin()
+		defer a.release()
 		if h.state.CompareAndSwap(stWaiting, stAbandoned) {
 			_ = a.lane.Cancel(h.index)
 			return nil, ctx.Err()
@@ -512,27 +671,33 @@ func (h *slotHandle) Submit(ctx context.Context, call frontend.Call) ([]float32,
 }
 
 // moveWait bounds how long a request waits for the generation that
-// replaces a draining one.
+// replaces a draining or lost one.
 const moveWait = 2 * time.Second
 
 // move resubmits a request whose generation started draining before it
-// was committed (a rollout): it waits for the manager to attach the new
-// generation, copies the payload into a slot there and submits it, so a
-// model switch fails no request.
+// was committed (a rollout), or was lost under it: it waits for the
+// manager to attach the next generation, copies the payload into a slot
+// there and submits it, so a model switch fails no request.
 func (h *slotHandle) move(ctx context.Context, call frontend.Call) ([]float32, error) {
 	b := h.a.b
-	deadline := time.Now().Add(moveWait)
+	var timer *time.Timer
 	for {
-		if na := b.cur.Load(); na != nil && na != h.a && !na.isDead() && !na.retired.Load() && na.accel.Load() {
+		// Take the change event before looking, so a switch between the
+		// look and the wait still wakes us.
+		changed := b.changed.Load()
+		if na := b.cur.Load(); na != nil && na != h.a && na.serving() {
 			break
 		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("shmbackend: generation %d is draining and no newer one appeared: %w", h.a.seg.Generation(), frontend.ErrUnavailable)
+		if timer == nil {
+			timer = time.NewTimer(moveWait)
+			defer timer.Stop()
 		}
 		select {
+		case <-changed.Done():
+		case <-timer.C:
+			return nil, fmt.Errorf("shmbackend: generation %d is draining and no newer one appeared: %w", h.a.seg.Generation(), frontend.ErrUnavailable)
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(time.Millisecond):
 		}
 	}
 	next, err := b.Acquire(ctx, h.n)
@@ -575,17 +740,23 @@ func (h *slotHandle) Release() {
 		h.moved = nil
 	}
 	a := h.a
-	switch h.state.Load() {
-	case stAbandoned:
-		return // the reader frees it when the completion arrives
-	case stWaiting:
-		// Only after a dead segment: nothing will ever complete it.
-	default:
-		if !a.isDead() {
-			_ = a.lane.Free(h.index)
+	st := h.state.Load()
+	if st == stAbandoned {
+		// The reader frees the slot when its completion arrives. Once the
+		// attachment is retired none will be read, and this call or the
+		// owner's dropAbandoned drops the reference, whichever comes first.
+		if a.life.reached(phaseRetired) && h.state.CompareAndSwap(stAbandoned, stIdle) {
+			a.release()
 		}
-		h.state.Store(stIdle)
+		return
 	}
-	a.release()
-	a.b.signalFreed()
+	// The reference goes even when freeing faults (the segment file was
+	// truncated under it): the owner unmaps only after the last one.
+	defer a.releaseSlot()
+	// A slot still waiting was left by a retired lane: nothing will ever
+	// complete it, and the lane is no longer ours to free it in.
+	if st != stWaiting && !a.life.reached(phaseRetired) {
+		_ = a.lane.Free(h.index)
+	}
+	h.state.Store(stIdle)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -20,7 +21,7 @@ import (
 type fakeMesh struct {
 	seg    *shm.Segment
 	value  float32
-	paused chan struct{} // closed: stop answering
+	paused atomic.Bool // stop answering while set
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -41,7 +42,7 @@ func startFakeMesh(t *testing.T, dir string, value float32) *fakeMesh {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &fakeMesh{seg: seg, value: value, paused: make(chan struct{}), cancel: cancel}
+	m := &fakeMesh{seg: seg, value: value, cancel: cancel}
 	m.wg.Add(3)
 	go func() { defer m.wg.Done(); _ = seg.Heartbeat(ctx, 0, nil) }()
 	go func() { defer m.wg.Done(); _ = seg.AcceleratorHeartbeat(ctx, 0, nil) }()
@@ -60,11 +61,9 @@ func (m *fakeMesh) answer(ctx context.Context) {
 		readers, writers = append(readers, r), append(writers, w)
 	}
 	for ctx.Err() == nil {
-		select {
-		case <-m.paused:
+		if m.paused.Load() {
 			time.Sleep(time.Millisecond)
 			continue
-		default:
 		}
 		idle := true
 		for i, r := range readers {
@@ -151,32 +150,235 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// waitFor waits, up to a bound far beyond any healthy run, for cond.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitPhase waits for a to enter p.
+func waitPhase(t *testing.T, a *attachment, p phase) {
+	t.Helper()
+	select {
+	case <-a.life.entered(p).Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("generation %d's attachment is %v, not %v", a.seg.Generation(), a.life.phase(), p)
+	}
+}
+
+// queued is how many requests wait unread in m's request rings.
+func (m *fakeMesh) queued() int {
+	n := 0
+	for _, l := range m.seg.Lanes() {
+		n += l.Queued
+	}
+	return n
+}
+
+// callAsync runs call in a goroutine; the result arrives on the channel.
+func callAsync(ctx context.Context, b *Backend, n int) <-chan callResult {
+	res := make(chan callResult, 1)
+	go func() {
+		scores, err := call(ctx, b, n)
+		res <- callResult{scores, err}
+	}()
+	return res
+}
+
+type callResult struct {
+	scores []float32
+	err    error
+}
+
 // TestCallMovesOffALostGeneration: a call waiting on a generation that
 // dies (its owner closes it) is resubmitted to the generation that
-// replaces it and answered there, not failed.
+// replaces it and answered there, not failed; the lost generation's
+// attachment goes all the way to closed.
 func TestCallMovesOffALostGeneration(t *testing.T) {
 	dir := t.TempDir()
 	old := startFakeMesh(t, dir, 0.25)
 	b := newBackend(t, dir)
-	close(old.paused) // the old generation stops answering
+	a1 := b.cur.Load()
+	old.paused.Store(true) // the old generation stops answering
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res := make(chan error, 1)
-	var got []float32
-	go func() {
-		var err error
-		got, err = call(ctx, b, 4)
-		res <- err
-	}()
-	time.Sleep(50 * time.Millisecond) // the call waits on the old generation
-	startFakeMesh(t, dir, 0.75)       // its successor
-	old.stop()                        // the old one is gone
-	if err := <-res; err != nil {
-		t.Fatalf("call across a lost generation: %v", err)
+	res := callAsync(ctx, b, 4)
+	waitFor(t, "the call to wait in the old generation", func() bool { return old.queued() > 0 })
+	startFakeMesh(t, dir, 0.75) // its successor
+	old.stop()                  // the old one is gone
+	r := <-res
+	if r.err != nil {
+		t.Fatalf("call across a lost generation: %v", r.err)
 	}
-	if len(got) != 4 || got[0] != 0.75 {
-		t.Fatalf("scores %v, want the new generation's 0.75", got)
+	if len(r.scores) != 4 || r.scores[0] != 0.75 {
+		t.Fatalf("scores %v, want the new generation's 0.75", r.scores)
+	}
+	waitPhase(t, a1, phaseClosed)
+	if b.cur.Load() == a1 || b.Generation() != 2 {
+		t.Fatalf("new calls go to generation %d, want 2", b.Generation())
+	}
+}
+
+// TestRolloutDrainsOldLane: when a newer generation serves, new calls go
+// to it while the old attachment drains: a call in flight there is
+// answered there, and only then is the old lane retired, given back and
+// closed.
+func TestRolloutDrainsOldLane(t *testing.T) {
+	dir := t.TempDir()
+	old := startFakeMesh(t, dir, 0.25)
+	b := newBackend(t, dir)
+	a1 := b.cur.Load()
+	lane := a1.lane.Index()
+	old.paused.Store(true)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	inFlight := callAsync(ctx, b, 3)
+	waitFor(t, "the call to wait in the old generation", func() bool { return old.queued() > 0 })
+	startFakeMesh(t, dir, 0.75)
+	waitFor(t, "the switch to generation 2", func() bool { return b.Generation() == 2 && b.Ready() })
+
+	// Draining: the call in flight keeps it from retiring.
+	waitPhase(t, a1, phaseDraining)
+	if p := a1.life.phase(); p != phaseDraining {
+		t.Fatalf("the old attachment is %v with a call in flight, want draining", p)
+	}
+	got, err := call(ctx, b, 2)
+	if err != nil || got[0] != 0.75 {
+		t.Fatalf("a new call during the drain: %v, %v; want the new generation's 0.75", got, err)
+	}
+	if p := a1.life.phase(); p != phaseDraining {
+		t.Fatalf("the old attachment is %v with a call in flight, want draining", p)
+	}
+
+	old.paused.Store(false)
+	r := <-inFlight
+	if r.err != nil || len(r.scores) != 3 || r.scores[0] != 0.25 {
+		t.Fatalf("the call in flight during the rollout: %v, %v; want the old generation's 0.25", r.scores, r.err)
+	}
+	waitPhase(t, a1, phaseClosed)
+	if a1.lost.HasFired() {
+		t.Fatalf("a drained attachment counts as lost: %v", *a1.lostErr.Load())
+	}
+	if l := old.seg.Lanes()[lane]; l.Owner != 0 {
+		t.Fatalf("the drained lane %d is still held: %+v", lane, l)
+	}
+}
+
+// TestCloseGivesEverythingBack: Close returns only once every attachment
+// is closed and its lane given back.
+func TestCloseGivesEverythingBack(t *testing.T) {
+	dir := t.TempDir()
+	m := startFakeMesh(t, dir, 0.5)
+	b := newBackend(t, dir)
+	a1 := b.cur.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := call(ctx, b, 1); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if !a1.life.entered(phaseClosed).HasFired() {
+		t.Fatalf("Close returned with the attachment %v", a1.life.phase())
+	}
+	for _, l := range m.seg.Lanes() {
+		if l.Owner != 0 {
+			t.Fatalf("lane %d still held after Close: %+v", l.Index, l)
+		}
+	}
+	if b.Ready() {
+		t.Fatal("ready after Close")
+	}
+	if _, err := b.Acquire(ctx, 1); !errors.Is(err, frontend.ErrUnavailable) {
+		t.Fatalf("Acquire after Close: %v", err)
+	}
+}
+
+// TestCloseWithAbandonedCall: a call that gave up leaves its slot to the
+// completion reader; Close must not wait for a completion that never
+// comes.
+func TestCloseWithAbandonedCall(t *testing.T) {
+	dir := t.TempDir()
+	m := startFakeMesh(t, dir, 0.5)
+	b := newBackend(t, dir)
+	a1 := b.cur.Load()
+	m.paused.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := call(ctx, b, 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a call nobody answers: %v, want its deadline", err)
+	}
+	closed := make(chan struct{})
+	go func() { b.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("Close hangs on an abandoned call (attachment %v, %d references)", a1.life.phase(), a1.refs.Load())
+	}
+	if !a1.life.entered(phaseClosed).HasFired() {
+		t.Fatalf("Close returned with the attachment %v", a1.life.phase())
+	}
+}
+
+// TestCorruptCompletionRingGivenUp: a completion ring that yields more
+// than maxBadCompletions bad entries in a row is given up; the backend
+// retires that attachment and serves from a new one.
+func TestCorruptCompletionRingGivenUp(t *testing.T) {
+	dir := t.TempDir()
+	m := startFakeMesh(t, dir, 0.5)
+	b := newBackend(t, dir)
+	a1 := b.cur.Load()
+	w, err := m.seg.CompletionWriter(a1.lane.Index())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Completions for a slot that holds no request: each is corrupt. No
+	// call is in flight, so the mesh's own writer for the lane is idle.
+	for i := 0; i <= maxBadCompletions; i++ {
+		waitFor(t, "room in the completion ring", func() bool {
+			return w.Complete(shm.Completion{Slot: 0, Epoch: a1.lane.Epoch(), Status: shm.StatusOK, Examples: 1}) == nil
+		})
+	}
+	waitPhase(t, a1, phaseClosed)
+	if !a1.lost.HasFired() {
+		t.Fatal("the attachment closed without being lost")
+	}
+	waitFor(t, "a new attachment", func() bool { a := b.cur.Load(); return a != nil && a != a1 && b.Ready() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got, err := call(ctx, b, 2); err != nil || got[0] != 0.5 {
+		t.Fatalf("a call after the ring was given up: %v, %v", got, err)
+	}
+}
+
+// TestCallAllocations: a call through the backend allocates nothing.
+func TestCallAllocations(t *testing.T) {
+	dir := t.TempDir()
+	startFakeMesh(t, dir, 0.5)
+	b := newBackend(t, dir)
+	ctx := context.Background()
+	one := func() {
+		slot, err := b.Acquire(ctx, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := slot.Submit(ctx, frontend.Call{}); err != nil {
+			t.Fatal(err)
+		}
+		slot.Release()
+	}
+	for range 50 {
+		one()
+	}
+	if a := testing.AllocsPerRun(200, one); a > 0.5 {
+		t.Fatalf("%.2f allocations per call, want 0", a)
 	}
 }
 
