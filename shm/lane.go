@@ -144,11 +144,14 @@ type Lane struct {
 	hasWork func() bool // compl has entries; stored once so waits do not allocate
 }
 
-// ClaimLane claims a free lane for the frontend process pid by
-// compare-and-swap on the lane's owner word, and bumps the lane's epoch so
-// nothing addressed to a previous owner can be mistaken for this one's.
-// It fails with ErrNoFreeLane when every lane is owned and with ErrDraining
-// or ErrClosed when the segment no longer accepts work.
+// ClaimLane claims a free lane for the frontend process pid and bumps the
+// lane's epoch so nothing addressed to a previous owner can be mistaken for
+// this one's. In an attached frontend the owner's broker chooses the lane
+// (pid must be this process) and hands over its memory; in the owner's own
+// process (and the accelerator's, which maps every lane) the claim is a
+// compare-and-swap on the lane's owner word. It fails with ErrNoFreeLane
+// when every lane is owned and with ErrDraining or ErrClosed when the
+// segment no longer accepts work.
 func (s *Segment) ClaimLane(pid int) (*Lane, error) {
 	if pid <= 0 || pid > 1<<31-1 {
 		return nil, fmt.Errorf("shm: claim lane: bad pid %d", pid)

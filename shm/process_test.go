@@ -15,6 +15,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/recmesh/recmesh/shm/shmtest"
 )
 
 // Multi-process tests re-execute the test binary as a helper process: the
@@ -48,6 +53,8 @@ func runHelper(name string) int {
 		err = helperAccelerator()
 	case "ringer":
 		err = helperRinger()
+	case "hostile":
+		err = helperHostile()
 	default:
 		err = fmt.Errorf("unknown helper %q", name)
 	}
@@ -622,4 +629,254 @@ func TestTornPayloadCheckDetectsTearing(t *testing.T) {
 	if err := checkTornPayload(req, 5); err == nil {
 		t.Fatal("short payload not detected")
 	}
+}
+
+// helperHostile is a frontend of the same user gone bad: it claims a lane,
+// tries every way out of it (printing "refused <n>" and one "breach <what>"
+// per attempt that was not refused), then scribbles over its own lane and
+// commits garbage until killed.
+func helperHostile() error {
+	shmtest.DropCapabilities()
+	s, l, err := helperAttachLane()
+	if err != nil {
+		return err
+	}
+	refused := 0
+	breach := func(what string) { fmt.Println("breach", what) }
+	for _, r := range frontendRefusals(s) {
+		if r.err == nil || !errors.Is(r.err, r.want) {
+			breach(fmt.Sprintf("%s: %v", r.what, r.err))
+		} else {
+			refused++
+		}
+	}
+	owner, _ := strconv.Atoi(os.Getenv(ownerEnv))
+	if err := openProcFDs(owner); errors.Is(err, os.ErrPermission) {
+		refused++
+	} else {
+		breach(fmt.Sprintf("open the owner's descriptors: %v", err))
+	}
+	mem := fmt.Sprintf("/proc/%d/mem", owner)
+	if f, err := os.OpenFile(mem, os.O_RDWR, 0); errors.Is(err, os.ErrPermission) {
+		refused++
+	} else {
+		if f != nil {
+			f.Close()
+		}
+		breach(fmt.Sprintf("open %s: %v", mem, err))
+	}
+	if err := unix.PtraceAttach(owner); errors.Is(err, unix.EPERM) {
+		refused++
+	} else {
+		breach(fmt.Sprintf("ptrace the owner: %v", err))
+	}
+	local := []unix.Iovec{{Base: &make([]byte, 8)[0], Len: 8}}
+	remote := []unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&s.mem[0])), Len: 8}}
+	if _, err := unix.ProcessVMWritev(owner, local, remote, 0); errors.Is(err, unix.EPERM) {
+		refused++
+	} else {
+		breach(fmt.Sprintf("process_vm_writev into the owner: %v", err))
+	}
+	if _, err := os.OpenFile(os.Getenv(pathEnv), os.O_RDWR, 0); errors.Is(err, unix.ENXIO) {
+		refused++
+	} else {
+		breach(fmt.Sprintf("open the segment socket as a file: %v", err))
+	}
+	fmt.Println("refused", refused)
+	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 1))
+	for {
+		_ = GuardFaults(func() error {
+			b := l.ControlBlock()
+			for i := 0; i < 4; i++ {
+				put64(b, rng.IntN(len(b)/8)*8, rng.Uint64())
+			}
+			a := l.Arena()
+			put64(a, rng.IntN(len(a)/8)*8, rng.Uint64())
+			slot, p, err := l.Claim(1, 8)
+			if err == nil {
+				put64(p, 0, rng.Uint64())
+				err = l.Commit(slot, RequestMeta{ID: rng.Uint64()})
+			}
+			if errors.Is(err, ErrLaneLost) {
+				// Fenced: ask for another lane, which comes with fresh
+				// memory, and go on.
+				if nl, cerr := s.ClaimLane(os.Getpid()); cerr == nil {
+					l = nl
+					fmt.Println("reclaimed")
+				}
+			}
+			return nil
+		})
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// ownerEnv passes the owner's pid to a helper.
+const ownerEnv = "RECMESH_SHM_OWNER"
+
+// A hostile frontend of the same user, in its own process, can corrupt its
+// own lane and nothing else: every way out is refused (the header made or
+// mapped writable, any memfd resized, the owner's /proc/<pid>/fd and
+// /proc/<pid>/mem, ptrace, process_vm_writev, the socket opened as a
+// file), and while it scribbles over its lane another frontend's lane
+// keeps serving in the same generation. Its lane is evicted; the owner
+// serving loop never fails.
+func TestHostileFrontendConfinedToItsLane(t *testing.T) {
+	s := newTestSegment(t, testGeometry())
+	gen := s.Generation()
+	honest := attachTest(t, s)
+	hl, err := honest.ClaimLane(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The owner serves every lane (as embedder and accelerator), evicting
+	// lanes whose rings cannot be trusted, until the test ends.
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	evicted := atomic.Int64{}
+	go func() { served <- serveAll(ctx, s, &evicted) }()
+	beat := make(chan struct{})
+	go func() {
+		defer close(beat)
+		hl.Heartbeat(ctx, 0)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-beat
+		if err := <-served; err != nil {
+			t.Errorf("owner's serving loop: %v", err)
+		}
+	})
+
+	c := startChild(t, "hostile", pathEnv+"="+s.Path(), fmt.Sprintf("%s=%d", ownerEnv, os.Getpid()))
+	// Breaches print before the count of refusals.
+	var got string
+	timeout := time.After(20 * time.Second)
+	for got == "" {
+		select {
+		case line, ok := <-c.lines:
+			if !ok {
+				t.Fatal("hostile helper exited early")
+			}
+			if strings.HasPrefix(line, "breach") {
+				t.Errorf("hostile frontend: %s", line)
+			}
+			if rest, found := strings.CutPrefix(line, "refused "); found {
+				got = rest
+			}
+		case <-timeout:
+			t.Fatal("hostile helper did not report")
+		}
+	}
+	if n, _ := strconv.Atoi(got); n < 10 {
+		t.Errorf("only %s attempts refused", got)
+	}
+	// The honest lane keeps serving while the hostile one scribbles.
+	deadline := time.Now().Add(2 * time.Second)
+	for id := uint64(1); time.Now().Before(deadline) || id < 50; id++ {
+		slot, p, err := hl.Claim(1, 8)
+		if err != nil {
+			t.Fatalf("honest claim %d: %v", id, err)
+		}
+		put64(p, 0, id)
+		if err := hl.Commit(slot, RequestMeta{ID: id}); err != nil {
+			t.Fatalf("honest commit %d: %v", id, err)
+		}
+		wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		cpl, err := hl.WaitCompletion(wctx)
+		wcancel()
+		if err != nil || cpl.Slot != slot || cpl.Status != StatusOK {
+			t.Fatalf("honest call %d: %+v, %v", id, cpl, err)
+		}
+		if sc, err := hl.Scores(slot); err != nil || get32(sc, 0) != uint32(id) {
+			t.Fatalf("honest call %d scores: %v", id, err)
+		}
+		if err := hl.Free(slot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.State() != StateReady || honest.Generation() != gen {
+		t.Fatalf("segment %v generation %d after the hostile frontend, want ready %d", s.State(), honest.Generation(), gen)
+	}
+	lanes := 0
+	for {
+		select {
+		case line := <-c.lines:
+			if line == "reclaimed" {
+				lanes++
+			}
+			continue
+		default:
+		}
+		break
+	}
+	t.Logf("honest lane served throughout; hostile lanes evicted %d times, %d lanes claimed anew", evicted.Load(), lanes)
+}
+
+// serveAll reads every lane's requests as the embedder, completes each
+// (score = request id) as the accelerator, evicts a lane whose counters
+// fail validation, and reclaims lanes, until ctx is done. Errors that
+// concern one lane are that lane's; any other is returned.
+func serveAll(ctx context.Context, s *Segment, evicted *atomic.Int64) error {
+	g := s.Geometry()
+	rrs := make([]*RequestReader, g.Lanes)
+	cws := make([]*CompletionWriter, g.Lanes)
+	for i := range rrs {
+		rrs[i], _ = s.RequestReader(i)
+		cws[i], _ = s.CompletionWriter(i)
+	}
+	for ctx.Err() == nil {
+		if _, err := s.ReclaimLanes(0); err != nil {
+			return err
+		}
+		s.EmbedderBell().Wait(ctx, s.RequestsPending, 5*time.Millisecond)
+		for i, rr := range rrs {
+			for k := 0; k < 64; k++ {
+				req, ok, err := rr.Next()
+				if err != nil {
+					if req.Slot < 0 {
+						evicted.Add(1)
+						if err := s.EvictLane(i); err != nil {
+							return err
+						}
+						break
+					}
+					continue
+				}
+				if !ok {
+					break
+				}
+				sc, err := cws[i].Scores(req.Slot, req.Epoch)
+				if err != nil {
+					continue
+				}
+				for e := 0; e < req.Examples; e++ {
+					put32(sc, 4*e, uint32(req.RequestID))
+				}
+				_ = cws[i].Complete(Completion{Slot: req.Slot, Epoch: req.Epoch, Examples: req.Examples})
+			}
+		}
+	}
+	return nil
+}
+
+// openProcFDs tries to open the descriptors of process pid through
+// /proc/<pid>/fd. It returns the first refusal, or nil if every one
+// opened. (A uid-0 process without capabilities may list the directory,
+// which a non-dumpable process hands to root; opening an entry needs
+// ptrace access either way.)
+func openProcFDs(pid int) error {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	names, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		f, err := os.Open(dir + "/" + n.Name())
+		if err != nil {
+			return err
+		}
+		f.Close()
+	}
+	return nil
 }

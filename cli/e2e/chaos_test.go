@@ -27,8 +27,9 @@ import (
 const chaosCallBound = 5 * time.Second
 
 // TestE2EChaos is make chaos: honest clients keep calling a real mesh
-// while a hostile frontend scribbles over its lane, commits garbage,
-// resizes the segment file and is SIGKILLed and restarted; meanwhile the
+// while a hostile frontend scribbles over its lane, commits garbage, tries
+// every way out of its lane (all must be refused, and it may cause no new
+// generation) and is SIGKILLed and restarted; meanwhile the
 // accelerator and then the embedder are stopped (SIGSTOP) for a while, and
 // NATS is taken away and brought back. Every honest call must succeed with
 // the reference's scores or fail with a defined code within its bound, and
@@ -75,11 +76,20 @@ func TestE2EChaos(t *testing.T) {
 
 	// Hangs and the control plane's outage.
 	at := func(frac float64) { time.Sleep(time.Until(start.Add(time.Duration(frac * float64(total))))) }
+	// Generations the embedder started: the hostile alone must cause
+	// none (only the accelerator's hang may), so honest lanes never have
+	// to move.
+	generations := func() int { return strings.Count(mesh["embedder"].out.String(), "segment ready") }
+	gens0 := generations()
 	var hangDetect time.Duration
 	at(0.3)
+	if g := generations(); g != gens0 {
+		t.Errorf("%d new generations while only the hostile frontend acted", g-gens0)
+	}
 	hangDetect = hang(t, l, pause, mesh["accelerator"], mesh["embedder"], "accelerator died", 3*time.Second)
 	at(0.55)
 	hang(t, l, pause, mesh["embedder"], nil, "", 3*time.Second)
+	gens1 := generations()
 	at(0.8)
 	l.window(true)
 	nats.Shutdown()
@@ -89,6 +99,9 @@ func TestE2EChaos(t *testing.T) {
 	<-hostileDone
 	l.stop()
 	nats.Shutdown()
+	if g := generations(); g != gens1 {
+		t.Errorf("%d new generations after the hangs, while only the hostile frontend and the NATS outage acted", g-gens1)
+	}
 
 	crashes := 0
 	for name, p := range mesh {
@@ -201,6 +214,10 @@ func runHostileProcess(t *testing.T, path, pause string, run time.Duration, seed
 		defer close(done)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
+			if b, ok := strings.CutPrefix(sc.Text(), "breach "); ok {
+				t.Errorf("the hostile frontend was not refused: %s", b)
+				continue
+			}
 			if n, err := strconv.ParseInt(strings.TrimPrefix(sc.Text(), "actions "), 10, 64); err == nil {
 				actions.Add(n - last)
 				last = n
