@@ -119,17 +119,21 @@ func hostileAction(rng *rand.Rand, path string, seg *shm.Segment, lane *shm.Lane
 		scribble(lane.ControlBlock(), 1)
 	default: // reach beyond the lane: every way must be refused
 		lastFileAction = time.Now()
-		for _, b := range escapeAttempts(path) {
+		tried, breaches := escapeAttempts(path)
+		for _, b := range breaches {
 			fmt.Printf("breach %s\n", b)
 		}
+		fmt.Printf("refused %d\n", tried-len(breaches))
 	}
 }
 
 // escapeAttempts tries every way out of the lane a same-user process has
-// and returns those that were not refused.
-func escapeAttempts(path string) []string {
+// and returns how many it tried and those that were not refused.
+func escapeAttempts(path string) (int, []string) {
 	var breaches []string
+	tried := 0
 	refused := func(what string, err error) {
+		tried++
 		if err == nil {
 			breaches = append(breaches, what)
 		}
@@ -177,23 +181,28 @@ func escapeAttempts(path string) []string {
 		dir := "/proc/" + pid + "/fd"
 		if names, err := os.ReadDir(dir); err == nil {
 			for _, n := range names {
-				if f, err := os.Open(dir + "/" + n.Name()); err == nil {
+				f, err := os.Open(dir + "/" + n.Name())
+				if err == nil {
 					f.Close()
-					refused("open "+dir+"/"+n.Name(), nil)
 				}
+				refused("open "+dir+"/"+n.Name(), err)
 			}
+		} else {
+			refused("list "+dir, err)
 		}
-		if f, err := os.OpenFile("/proc/"+pid+"/mem", os.O_RDWR, 0); err == nil {
+		f, err := os.OpenFile("/proc/"+pid+"/mem", os.O_RDWR, 0)
+		if err == nil {
 			f.Close()
-			refused("open /proc/"+pid+"/mem", nil)
 		}
+		refused("open /proc/"+pid+"/mem", err)
 	}
 	// The socket at the path, as a file.
-	if f, err := os.OpenFile(path, os.O_RDWR, 0); err == nil {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err == nil {
 		f.Close()
-		refused("open the segment path as a file", nil)
 	}
-	return breaches
+	refused("open the segment path as a file", err)
+	return tried, breaches
 }
 
 // pidsOf lists the processes whose command line contains name.
@@ -220,10 +229,10 @@ func mprotect(addr, n uintptr) error {
 }
 
 // The escape attempts come at most this often: each walks /proc.
-const fileActionEvery = 3 * time.Second
+const fileActionEvery = time.Second
 
 var (
-	lastFileAction = time.Now()
+	lastFileAction time.Time
 	pauseFile      string
 )
 

@@ -64,13 +64,13 @@ func TestE2EChaos(t *testing.T) {
 	start := time.Now()
 
 	// The hostile frontend, killed and restarted every few seconds.
-	var hostileActions atomic.Int64
+	var hostileActions, hostileRefused atomic.Int64
 	hostileDone := make(chan struct{})
 	go func() {
 		defer close(hostileDone)
 		for i := 0; time.Since(start) < total; i++ {
 			life := time.Duration(3+i%4) * time.Second
-			runHostileProcess(t, segPath, pause, life+time.Second, uint64(i+1), life, &hostileActions)
+			runHostileProcess(t, segPath, pause, life+time.Second, uint64(i+1), life, &hostileActions, &hostileRefused)
 		}
 	}()
 
@@ -115,7 +115,7 @@ func TestE2EChaos(t *testing.T) {
 	outside, failures := l.failuresOutside()
 	line := fmt.Sprintf("chaos ok: honest_calls=%d honest_failed=%d wrong_scores=%d hostile_actions=%d peer_crashes=%d hang_detect_ms=%d max_call_ms=%d",
 		l.calls.Load(), l.failed.Load(), l.wrong.Load(), hostileActions.Load(), crashes, hangDetect.Milliseconds(), l.maxCall().Milliseconds())
-	t.Logf("failures by code (inside windows too): %v; outside the hang and kill windows: %d", failures, outside)
+	t.Logf("failures by code (inside windows too): %v; outside the hang and kill windows: %d; the hostile's escape attempts refused: %d", failures, outside, hostileRefused.Load())
 	switch {
 	case l.wrong.Load() != 0:
 		t.Errorf("%d honest calls got wrong scores", l.wrong.Load())
@@ -127,6 +127,8 @@ func TestE2EChaos(t *testing.T) {
 		t.Errorf("an honest call took %v, past its %v bound", l.maxCall(), chaosCallBound)
 	case hostileActions.Load() == 0:
 		t.Error("the hostile frontend did nothing")
+	case hostileRefused.Load() == 0:
+		t.Error("the hostile frontend never tried to leave its lane")
 	}
 	if t.Failed() || crashes != 0 {
 		t.Logf("chaos FAILED: %s", strings.TrimPrefix(line, "chaos ok: "))
@@ -194,8 +196,9 @@ func hang(t *testing.T, l *chaosLoad, pause string, p, watch *proc, logLine stri
 const fileResizeSettle = time.Second
 
 // runHostileProcess runs one life of the hostile frontend and SIGKILLs it
-// after life, adding its reported actions to actions.
-func runHostileProcess(t *testing.T, path, pause string, run time.Duration, seed uint64, life time.Duration, actions *atomic.Int64) {
+// after life, adding its reported actions to actions and its refused
+// escape attempts to refusals; a breach it reports fails the test.
+func runHostileProcess(t *testing.T, path, pause string, run time.Duration, seed uint64, life time.Duration, actions, refusals *atomic.Int64) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d,%d,%s", hostileEnv, path, int(run.Seconds()), seed, pause))
 	out, err := cmd.StdoutPipe()
@@ -216,6 +219,10 @@ func runHostileProcess(t *testing.T, path, pause string, run time.Duration, seed
 		for sc.Scan() {
 			if b, ok := strings.CutPrefix(sc.Text(), "breach "); ok {
 				t.Errorf("the hostile frontend was not refused: %s", b)
+				continue
+			}
+			if n, err := strconv.ParseInt(strings.TrimPrefix(sc.Text(), "refused "), 10, 64); err == nil {
+				refusals.Add(n)
 				continue
 			}
 			if n, err := strconv.ParseInt(strings.TrimPrefix(sc.Text(), "actions "), 10, 64); err == nil {
