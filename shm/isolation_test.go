@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -160,4 +161,22 @@ func TestLaneChangesHandsWithFreshMemory(t *testing.T) {
 	rr, _ := s.RequestReader(i)
 	cw, _ := acc.CompletionWriter(i)
 	roundTrip(t, l2, rr, cw, 2)
+}
+
+// TestReserveVMAligns: the staging data lands on a huge page boundary, so
+// a huge-page memfd can be mapped there, whatever address the kernel picks.
+func TestReserveVMAligns(t *testing.T) {
+	for _, at := range []int{0, PageSize, 3 * PageSize, hugeAlign + 5*PageSize} {
+		vm, err := reserveVM(at+hugeAlign, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := vm.bytes(at + hugeAlign)
+		if addr := uintptr(unsafe.Pointer(&b[0])) + uintptr(at); addr%hugeAlign != 0 {
+			t.Errorf("offset %d at %#x, not huge page aligned", at, addr)
+		}
+		if err := vm.release(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -113,7 +113,10 @@ func create(path string, o Options) (*Segment, error) {
 	}
 
 	z := lay.memfdSizes(o.Geometry, blk)
-	if o.Reserve {
+	// On hugetlbfs the huge page pool bounds the staging memfd itself
+	// (fallocate fails with ENOSPC), and its free count says nothing of
+	// the rest.
+	if o.Reserve && blk == PageSize {
 		if err := checkRoom(o.Dir, z, o.Geometry.Lanes); err != nil {
 			return nil, err
 		}
@@ -813,6 +816,9 @@ func checkRoom(dir string, z sizes, lanes int) error {
 	need := int64(z.lane) * int64(lanes)
 	for _, n := range z.shared {
 		need += int64(n)
+	}
+	if st.Bavail == ^uint64(0) {
+		return nil // no limit
 	}
 	if free := int64(st.Bavail) * st.Bsize; free < need {
 		return fmt.Errorf("reserve %d bytes: %s has %d bytes free: %w", need, dir, free, unix.ENOSPC)

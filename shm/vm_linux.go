@@ -81,3 +81,14 @@ func (v *vmRange) release() error {
 	v.base = nil
 	return err
 }
+
+// statPtr is stat(2) of a path already converted to a C string: unlike
+// unix.Stat it allocates nothing, for loops that poll a path while idle.
+func statPtr(path *byte, st *unix.Stat_t) error {
+	fdcwd := unix.AT_FDCWD
+	_, _, e := unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(fdcwd), uintptr(unsafe.Pointer(path)), uintptr(unsafe.Pointer(st)), 0, 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
