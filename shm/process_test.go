@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -668,6 +669,13 @@ func helperHostile() error {
 	if err := unix.PtraceAttach(owner); errors.Is(err, unix.EPERM) {
 		refused++
 	} else {
+		if err == nil {
+			// Let it go at once: a stopped owner would hang the test
+			// instead of failing it.
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(owner, &ws, unix.WALL, nil)
+			_ = unix.PtraceDetach(owner)
+		}
 		breach(fmt.Sprintf("ptrace the owner: %v", err))
 	}
 	local := []unix.Iovec{{Base: &make([]byte, 8)[0], Len: 8}}
@@ -676,6 +684,14 @@ func helperHostile() error {
 		refused++
 	} else {
 		breach(fmt.Sprintf("process_vm_writev into the owner: %v", err))
+	}
+	// The broker cannot tell processes of one user apart, but it gives
+	// the accelerator's memory to nobody while a live accelerator holds
+	// the segment.
+	if err := s.SetAccelerator(os.Getpid()); errors.Is(err, ErrAcceleratorPresent) {
+		refused++
+	} else {
+		breach(fmt.Sprintf("become the accelerator: %v", err))
 	}
 	if _, err := os.OpenFile(os.Getenv(pathEnv), os.O_RDWR, 0); errors.Is(err, unix.ENXIO) {
 		refused++
@@ -717,8 +733,8 @@ const ownerEnv = "RECMESH_SHM_OWNER"
 // A hostile frontend of the same user, in its own process, can corrupt its
 // own lane and nothing else: every way out is refused (the header made or
 // mapped writable, any memfd resized, the owner's /proc/<pid>/fd and
-// /proc/<pid>/mem, ptrace, process_vm_writev, the socket opened as a
-// file), and while it scribbles over its lane another frontend's lane
+// /proc/<pid>/mem, ptrace, process_vm_writev, the accelerator's memory
+// while an accelerator is attached, the socket opened as a file), and while it scribbles over its lane another frontend's lane
 // keeps serving in the same generation. Its lane is evicted; the owner
 // serving loop never fails.
 func TestHostileFrontendConfinedToItsLane(t *testing.T) {
@@ -729,20 +745,25 @@ func TestHostileFrontendConfinedToItsLane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A live accelerator holds the segment (the owner does its work
+	// below, through the same memory).
+	acc := attachTest(t, s)
+	if err := acc.SetAccelerator(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
 	// The owner serves every lane (as embedder and accelerator), evicting
 	// lanes whose rings cannot be trusted, until the test ends.
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	evicted := atomic.Int64{}
 	go func() { served <- serveAll(ctx, s, &evicted) }()
-	beat := make(chan struct{})
-	go func() {
-		defer close(beat)
-		hl.Heartbeat(ctx, 0)
-	}()
+	var beats sync.WaitGroup
+	beats.Add(2)
+	go func() { defer beats.Done(); acc.AcceleratorHeartbeat(ctx, 0, nil) }()
+	go func() { defer beats.Done(); hl.Heartbeat(ctx, 0) }()
 	t.Cleanup(func() {
 		cancel()
-		<-beat
+		beats.Wait()
 		if err := <-served; err != nil {
 			t.Errorf("owner's serving loop: %v", err)
 		}
