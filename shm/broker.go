@@ -309,7 +309,7 @@ func (b *broker) swapLane(i int) error {
 			unix.Close(fd)
 			return fmt.Errorf("send lane %d to the accelerator: %w", i, err)
 		}
-		if err := waitAck(bc, seq); err != nil {
+		if err := b.waitAck(bc, seq); err != nil {
 			// The accelerator may or may not have switched: the lane
 			// stays dirty and this memfd unused; the next claim tries
 			// again with another.
@@ -327,7 +327,9 @@ func (b *broker) swapLane(i int) error {
 	return nil
 }
 
-func waitAck(bc *brokerConn, seq uint64) error {
+// waitAck waits for the accelerator to acknowledge push seq, for at most
+// ackTimeout, and not past the broker's stop.
+func (b *broker) waitAck(bc *brokerConn, seq uint64) error {
 	t := time.NewTimer(ackTimeout)
 	defer t.Stop()
 	for {
@@ -336,6 +338,8 @@ func waitAck(bc *brokerConn, seq uint64) error {
 			if got == seq {
 				return nil
 			}
+		case <-b.done:
+			return ErrClosed
 		case <-t.C:
 			return fmt.Errorf("no acknowledgement within %v", ackTimeout)
 		}

@@ -23,8 +23,10 @@ type client struct {
 	push  sync.WaitGroup
 }
 
-// replyTimeout bounds every wait for the broker's answer.
-const replyTimeout = 10 * time.Second
+// replyTimeout bounds every wait for the broker's answer: a live owner
+// answers in microseconds; one that does not within this is stalled, and
+// the attacher should try again later rather than wait on it.
+const replyTimeout = 3 * time.Second
 
 // request sends m and reads the answer with want descriptors.
 func (cl *client) request(m wireMsg, want int) (wireMsg, []int, error) {

@@ -79,14 +79,20 @@ func dialSegment(path string) (*wireConn, error) {
 	if err := checkSegmentFile(path, &st, euid); err != nil {
 		return nil, err
 	}
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	// Non-blocking: a unix socket connects at once or not at all, and a
+	// broker whose backlog is full (its owner stopped) must not block the
+	// attacher.
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("socket: %w", err)
 	}
 	if err := withSockaddr(path, func(sa *unix.SockaddrUnix) error { return unix.Connect(fd, sa) }); err != nil {
 		unix.Close(fd)
-		if errors.Is(err, unix.ECONNREFUSED) {
+		switch {
+		case errors.Is(err, unix.ECONNREFUSED):
 			return nil, fmt.Errorf("%w: nobody serves %s (the embedder that created it is gone)", ErrOwnerDead, path)
+		case errors.Is(err, unix.EAGAIN):
+			return nil, fmt.Errorf("connect %s: the broker accepts no connections now (its owner is stalled or overloaded): %w", path, err)
 		}
 		return nil, &os.PathError{Op: "connect", Path: path, Err: err}
 	}

@@ -901,3 +901,34 @@ func openProcFDs(pid int) error {
 	}
 	return nil
 }
+
+// An owner that is stopped (SIGSTOP, a hang) answers no attach: Attach
+// gives up within its reply bound instead of hanging the attacher, and
+// works again once the owner runs.
+func TestAttachToStalledOwnerGivesUp(t *testing.T) {
+	name := testName(t)
+	c := startChild(t, "owner", pathEnv+"="+name)
+	path := c.expect(t, "ready", 20*time.Second)
+	t.Cleanup(func() { os.Remove(path) })
+	if err := syscall.Kill(c.pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	s, err := Attach(path, AttachOptions{})
+	if err == nil {
+		s.Close()
+		t.Fatal("attached to a stopped owner")
+	}
+	if took := time.Since(start); took > replyTimeout+2*time.Second {
+		t.Fatalf("Attach to a stopped owner took %v (bound %v): %v", took, replyTimeout, err)
+	}
+	if err := syscall.Kill(c.pid(), syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// Its heartbeat is stale until its first beat after the stop.
+	waitFor(t, 10*time.Second, "attach once the owner runs again", func() bool {
+		s, err = Attach(path, AttachOptions{})
+		return err == nil
+	})
+	s.Close()
+}
