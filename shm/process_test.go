@@ -2,6 +2,7 @@ package shm
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -913,6 +914,12 @@ func TestAttachToStalledOwnerGivesUp(t *testing.T) {
 	if err := syscall.Kill(c.pid(), syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	// The signal takes effect asynchronously: wait for the stopped state.
+	waitFor(t, 10*time.Second, "owner stopped", func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.pid()))
+		i := bytes.LastIndexByte(b, ')')
+		return err == nil && i >= 0 && i+2 < len(b) && b[i+2] == 'T'
+	})
 	start := time.Now()
 	s, err := Attach(path, AttachOptions{})
 	if err == nil {
