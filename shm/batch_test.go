@@ -213,6 +213,9 @@ func TestBatchReaderRejectsHostileDescriptors(t *testing.T) {
 func TestBatchReaderWaitMarksIdle(t *testing.T) {
 	s := newTestSegment(t, testGeometry())
 	acc := attachTest(t, s)
+	if err := acc.SetAccelerator(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
 	br := acc.BatchReader()
 	ctx, cancel := context.WithCancel(context.Background())
 	got := make(chan error, 1)

@@ -1,5 +1,6 @@
-// Package shm owns recmesh's shared-memory transport: the segment file that
-// one embedder generation creates, the lanes that frontends claim in it, the
+// Package shm owns recmesh's shared-memory transport: the segment that one
+// embedder generation creates (sealed memfds, handed out over a unix
+// socket by the owner's broker), the lanes frontends are assigned in it, the
 // single-producer single-consumer rings and slot tables inside each lane, the
 // staging buffers and batch ring between the embedder and the accelerator,
 // the futex doorbells that wake sleeping consumers, and the liveness rules
@@ -62,44 +63,70 @@
 //
 // # Trust
 //
-// Every process that maps a segment can write any byte of it. Each value
-// read from shared memory is therefore validated before it is used as an
-// index, offset or length; a corrupt or hostile value makes the reader
-// return an error wrapping [ErrCorrupt] (or a more specific sentinel) and
-// never makes it panic or read outside the mapping. No Go pointer is ever
-// stored in shared memory: it holds only integers and bytes.
+// The segment is built so that a frontend can corrupt at most its own
+// lane. The owner creates it from several memfds and serves them over the
+// unix socket at the segment path (broker.go); each process gets the
+// memory its role may touch and no more (memfd.go has the table):
 //
-// What a misbehaving frontend can do, and what contains it:
+//   - A frontend gets the header read-only, the bell page (the embedder
+//     doorbell's futex word) and, per ClaimLane, one lane memfd chosen by
+//     the broker. It never receives the batch ring, the staging buffers,
+//     the accelerator's words or another lane. Every process maps the
+//     segment as one contiguous image (reserved PROT_NONE, pieces mapped
+//     MAP_FIXED), so offsets mean the same everywhere and a region a
+//     process was not given faults: GuardFaults turns that into
+//     ErrSegmentLost, and mprotect can only turn it into private memory.
+//   - Every memfd is sealed against shrinking and growing: no process can
+//     truncate the segment under another's mapping. The header is also
+//     sealed against new writable mappings once the owner has mapped it,
+//     which closes the last route to it (reopening the descriptor
+//     read-write through /proc/self/fd). The accelerator's words live in
+//     their own page, which the owner copies into the header at every
+//     beat for the frontends to read.
+//   - A lane that changes hands gets a fresh memfd, mapped by the
+//     accelerator (which acknowledges) and then by the owner, before the
+//     next frontend receives it: a fenced frontend that lives on keeps a
+//     mapping nobody else reads.
+//   - Create and Attach make the process non-dumpable, so processes of the
+//     same user cannot take its descriptors or memory through /proc or
+//     ptrace (setUndumpable).
 //
-//   - Corrupt its own lane's words: the embedder's reader rejects the
-//     entry, and a ring whose counters cannot be trusted gets the lane
-//     evicted (Segment.EvictLane); the frontend's own reader gives up a
-//     completion ring that keeps yielding corrupt entries and attaches
-//     anew. Other lanes are untouched.
-//   - Truncate or shrink the file: every goroutine that touches a mapping
-//     runs under GuardFaults, so the resulting SIGBUS is an ErrSegmentLost
-//     error for that goroutine, never a crash; the owner also checks the
-//     file's size (CheckFile) and replaces the generation, and everyone
-//     attaches to the next one. In-flight calls of that generation fail
-//     UNAVAILABLE.
-//   - Plant a file or a symbolic link at the path: the segment is created
-//     O_EXCL|O_NOFOLLOW and opened O_NOFOLLOW, and a file of another owner,
-//     writable by others or not regular is refused (ErrUnsafeFile).
-//   - Stop beating or hang: heartbeats stand for the work loops (Pulse),
-//     so a stuck process is declared hung, not just a dead one.
+// Within its lane a frontend can still write any word, any time. Each
+// value read from shared memory is therefore validated before it is used
+// as an index, offset or length; a corrupt or hostile value makes the
+// reader return an error wrapping [ErrCorrupt] (or a more specific
+// sentinel) and never makes it panic or read outside the mapping. No Go
+// pointer is ever stored in shared memory: it holds only integers and
+// bytes. A ring whose counters cannot be trusted gets the lane evicted
+// (Segment.EvictLane): its in-flight calls fail (ErrLaneLost), and the
+// frontend attaches anew; the frontend's own reader gives up a completion
+// ring that keeps yielding corrupt entries the same way. The bell page is
+// the one shared page a frontend writes: bumping or clearing its futex
+// word costs the embedder spurious or late wake-ups (latency, bounded by
+// its wait timeout), never data, because the waiter count ringers trust is
+// in the header.
 //
-// Processes of the same user can still write any word of the header, the
-// batch ring or the staging buffers, which the embedder and the
-// accelerator alone should: such corruption is detected (validation,
-// ErrState) and ends the generation, which is replaced, but it is not
-// confined to the offender's lane. A hard boundary there needs the
-// frontends to run as another user with those regions mapped read-only,
-// which this layout (one file) does not yet allow; see docs/security.md.
+// The path is checked before connecting (no symbolic link, a socket of
+// this user's, not writable by others) and the broker after (SO_PEERCRED
+// of this user; memfds sealed): ErrUnsafeFile otherwise. The broker records
+// the pid the kernel reports for each peer, grants the accelerator's
+// memfds only to a peer of its own uid while no live accelerator holds the
+// segment, and takes a drain request only from its own process.
+//
+// Heartbeats stand for the work loops (Pulse), so a stuck process is
+// declared hung, not just a dead one. GuardFaults stays as the last line:
+// every goroutine that touches a mapping runs under it.
+//
+// What the same user can still do outside shared memory (signal the
+// embedder, replace the socket at the path, ask for the accelerator role
+// while none is attached) needs the frontends to run as another user; see
+// docs/security.md.
 //
 // # Platform
 //
-// The package is Linux-only: doorbells are shared futexes, liveness reads
-// /proc, and segments live in /dev/shm or a hugetlbfs mount.
+// The package is Linux-only: segments are memfds (huge pages when the
+// segment directory is a hugetlbfs mount), doorbells shared futexes,
+// liveness reads /proc.
 //
 // The memory layout is documented in one place, layout.go.
 package shm

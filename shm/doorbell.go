@@ -37,7 +37,15 @@ type DoorbellStats struct {
 }
 
 func newDoorbell(mem []byte, off int) *Doorbell {
-	d := &Doorbell{word: word32(mem, off+bellWord), waiters: word32(mem, off+bellWaiters)}
+	return newSplitDoorbell(mem, off+bellWord, off+bellWaiters)
+}
+
+// newSplitDoorbell keeps the futex word and the waiter count apart: the
+// embedder doorbell's word is bumped by frontends, which may write only
+// the bell page, while its count, which ringers trust to decide whether
+// to wake, is written by the embedder alone and lives in the header.
+func newSplitDoorbell(mem []byte, wordOff, waitersOff int) *Doorbell {
+	d := &Doorbell{word: word32(mem, wordOff), waiters: word32(mem, waitersOff)}
 	d.spin.Store(int64(processSpin()))
 	return d
 }

@@ -51,14 +51,18 @@ var (
 	ErrNotOwner = errors.New("shm: not the segment owner")
 	// ErrState: a staging buffer or slot is not in the state the call needs.
 	ErrState = errors.New("shm: wrong state")
-	// ErrUnsafeFile: the file at the segment path is not one this process
-	// may trust: a symbolic link, not a regular file, owned by another user,
-	// or writable by every user.
+	// ErrUnsafeFile: the socket at the segment path, or the broker behind
+	// it, is not one this process may trust: a symbolic link, not a socket,
+	// owned by another user, writable by every user, or memory it hands
+	// out is not sealed.
 	ErrUnsafeFile = errors.New("shm: unsafe segment file")
-	// ErrSegmentLost: an access to the mapping faulted: the file was
-	// truncated under it. The generation is unusable; re-attach or, as
-	// owner, create the next one.
-	ErrSegmentLost = errors.New("shm: segment lost (the file was truncated under the mapping)")
+	// ErrSegmentLost: an access to the mapping faulted: a region this
+	// process was not given, or memory gone under it. The generation is
+	// unusable to this process; re-attach or, as owner, create the next one.
+	ErrSegmentLost = errors.New("shm: segment lost (an access to its mapping faulted)")
+	// ErrProtocol: the segment's broker socket sent or received a message
+	// that does not follow the attach protocol.
+	ErrProtocol = errors.New("shm: broker protocol error")
 )
 
 // errorf wraps a sentinel with a formatted detail.

@@ -54,36 +54,3 @@ func TestGuardFaultsTruncated(t *testing.T) {
 	}()
 	_ = GuardFaults(func() error { panic("boom") })
 }
-
-// TestAttachExtendedFile: a file someone extended past the segment still
-// attaches (only the segment is mapped); one cut short does not.
-func TestAttachExtendedFile(t *testing.T) {
-	s := newTestSegment(t, testGeometry())
-	fi, err := os.Stat(s.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(s.Path(), fi.Size()+1<<20); err != nil {
-		t.Fatal(err)
-	}
-	a, err := Attach(s.Path(), AttachOptions{})
-	if err != nil {
-		t.Fatalf("attach to an extended file: %v", err)
-	}
-	if len(a.mem) != int(fi.Size()) {
-		t.Errorf("mapped %d bytes, the segment is %d", len(a.mem), fi.Size())
-	}
-	a.Close()
-	if err := s.CheckFile(); err != nil {
-		t.Errorf("CheckFile of an extended file: %v", err)
-	}
-	if err := os.Truncate(s.Path(), fi.Size()-PageSize); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Attach(s.Path(), AttachOptions{}); err == nil {
-		t.Error("attached to a file cut short")
-	}
-	if err := s.CheckFile(); !errors.Is(err, ErrSegmentLost) {
-		t.Errorf("CheckFile of a file cut short: %v", err)
-	}
-}

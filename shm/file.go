@@ -11,76 +11,117 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The segment directory (/dev/shm) is usually writable by every user, so the
-// file at the segment path cannot be trusted just because it has the right
-// name: another user could plant a symbolic link there (making the owner
-// write through it), or a file of their own that every process of the mesh
-// would then map and trust. Segment files are therefore opened with
-// O_NOFOLLOW, created with O_EXCL, and checked on the open descriptor
-// (fstat, so nothing can be swapped in between the check and the mapping).
+// The segment path is a unix socket: the owner's broker listens there and
+// hands each process the memfds its role may map (broker.go). The segment
+// directory (/dev/shm) is usually writable by every user, so what sits at
+// the path cannot be trusted just because it has the right name: another
+// user could plant a symbolic link or a socket of their own there. The
+// path is therefore checked with lstat (no symbolic link, a socket, this
+// user's, not writable by every user), and, since a check on a path can be
+// raced, the broker is authenticated after connecting by the credentials
+// the kernel recorded for it (SO_PEERCRED), and every memfd it hands out
+// must be sealed against resizing (checkMemfd).
 
-// createSegmentFile makes a new file dir/.name.<random>.tmp with mode perm
-// (umask notwithstanding), never following or reusing anything at the name.
-func createSegmentFile(dir, name string, perm os.FileMode) (*os.File, error) {
+// listenSegmentSocket binds a new SOCK_SEQPACKET socket at
+// dir/.name.<random>.sock with mode perm (umask notwithstanding) and
+// listens on it. The caller renames it over the segment path when the
+// segment is ready.
+func listenSegmentSocket(dir, name string, perm os.FileMode) (*wireConn, string, error) {
 	var rnd [8]byte
 	for try := 0; ; try++ {
 		if _, err := rand.Read(rnd[:]); err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		path := filepath.Join(dir, "."+name+"."+hex.EncodeToString(rnd[:])+".tmp")
-		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if errors.Is(err, unix.EEXIST) && try < 100 {
+		// Short: a socket address holds at most 107 bytes.
+		path := filepath.Join(dir, "."+name[:min(len(name), 24)]+"."+hex.EncodeToString(rnd[:])+".sock")
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, "", fmt.Errorf("socket: %w", err)
+		}
+		err = withSockaddr(path, func(sa *unix.SockaddrUnix) error { return unix.Bind(fd, sa) })
+		if errors.Is(err, unix.EADDRINUSE) && try < 100 {
+			unix.Close(fd)
 			continue
 		}
 		if err != nil {
-			return nil, &os.PathError{Op: "create", Path: path, Err: err}
+			unix.Close(fd)
+			return nil, "", &os.PathError{Op: "bind", Path: path, Err: err}
 		}
-		// Open applies the umask; the mode asked for (say 0660, to share the
-		// segment with a group) is set explicitly.
-		if err := unix.Fchmod(fd, uint32(perm.Perm())); err != nil {
+		// Connecting needs write permission on the socket file; the mode
+		// asked for (say 0660, to serve a group) is set explicitly.
+		if err := unix.Chmod(path, uint32(perm.Perm())); err != nil {
 			unix.Close(fd)
 			unix.Unlink(path)
-			return nil, &os.PathError{Op: "chmod", Path: path, Err: err}
+			return nil, "", &os.PathError{Op: "chmod", Path: path, Err: err}
 		}
-		return os.NewFile(uintptr(fd), path), nil
+		if err := unix.Listen(fd, 128); err != nil {
+			unix.Close(fd)
+			unix.Unlink(path)
+			return nil, "", &os.PathError{Op: "listen", Path: path, Err: err}
+		}
+		c, err := newWireConn(fd, path)
+		if err != nil {
+			unix.Unlink(path)
+			return nil, "", err
+		}
+		return c, path, nil
 	}
 }
 
-// openSegmentFile opens the existing segment file at path (flags O_RDONLY or
-// O_RDWR) without following a symbolic link, and refuses it unless
-// checkSegmentFile accepts it.
-func openSegmentFile(path string, flags int) (*os.File, error) {
-	// O_NONBLOCK: a FIFO planted at the path must not block the open; it is
-	// refused below as not a regular file.
-	fd, err := unix.Open(path, flags|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			return nil, fmt.Errorf("%w: %s is a symbolic link; segment files are never opened through one (remove it: the embedder creates the segment itself)", ErrUnsafeFile, path)
-		}
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
+// dialSegment connects to the broker at path after checking the path, and
+// authenticates the broker by its peer credentials.
+func dialSegment(path string) (*wireConn, error) {
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+	if err := unix.Lstat(path, &st); err != nil {
+		return nil, &os.PathError{Op: "lstat", Path: path, Err: err}
 	}
-	if err := checkSegmentFile(path, &st, os.Geteuid()); err != nil {
-		unix.Close(fd)
+	euid := os.Geteuid()
+	if err := checkSegmentFile(path, &st, euid); err != nil {
 		return nil, err
 	}
-	if err := unix.SetNonblock(fd, false); err != nil {
-		unix.Close(fd)
-		return nil, &os.PathError{Op: "fcntl", Path: path, Err: err}
+	// Non-blocking: a unix socket connects at once or not at all, and a
+	// broker whose backlog is full (its owner stopped) must not block the
+	// attacher.
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
 	}
-	return os.NewFile(uintptr(fd), path), nil
+	if err := withSockaddr(path, func(sa *unix.SockaddrUnix) error { return unix.Connect(fd, sa) }); err != nil {
+		unix.Close(fd)
+		switch {
+		case errors.Is(err, unix.ECONNREFUSED):
+			return nil, fmt.Errorf("%w: nobody serves %s (the embedder that created it is gone)", ErrOwnerDead, path)
+		case errors.Is(err, unix.EAGAIN):
+			return nil, fmt.Errorf("connect %s: the broker accepts no connections now (its owner is stalled or overloaded): %w", path, err)
+		}
+		return nil, &os.PathError{Op: "connect", Path: path, Err: err}
+	}
+	c, err := newWireConn(fd, path)
+	if err != nil {
+		return nil, err
+	}
+	cred, err := c.peer()
+	if err != nil {
+		c.close()
+		return nil, fmt.Errorf("peer credentials of %s: %w", path, err)
+	}
+	if euid != 0 && int(cred.Uid) != euid {
+		c.close()
+		return nil, fmt.Errorf("%w: the broker at %s runs as uid %d, want uid %d (this process's)", ErrUnsafeFile, path, cred.Uid, euid)
+	}
+	return c, nil
 }
 
 // checkSegmentFile decides whether a process running as euid may trust the
-// file st describes as a segment: a regular file, owned by euid (any owner
-// when euid is root), and not writable by other users.
+// path st describes (lstat) as a segment socket: a socket, owned by euid
+// (any owner when euid is root), and not writable by other users.
 func checkSegmentFile(path string, st *unix.Stat_t, euid int) error {
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("%w: %s is not a regular file (mode %#o); remove it, the embedder creates the segment itself", ErrUnsafeFile, path, st.Mode)
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFSOCK:
+	case unix.S_IFLNK:
+		return fmt.Errorf("%w: %s is a symbolic link; segment sockets are never reached through one (remove it: the embedder creates the segment itself)", ErrUnsafeFile, path)
+	default:
+		return fmt.Errorf("%w: %s is not a socket (mode %#o); remove it, the embedder creates the segment itself", ErrUnsafeFile, path, st.Mode)
 	}
 	if euid != 0 && int(st.Uid) != euid {
 		return fmt.Errorf("%w: %s is owned by uid %d, want uid %d (this process's): run the embedder, the accelerator and the frontends as the same user, or remove the file", ErrUnsafeFile, path, st.Uid, euid)
@@ -89,4 +130,24 @@ func checkSegmentFile(path string, st *unix.Stat_t, euid int) error {
 		return fmt.Errorf("%w: %s is writable by every user (mode %#o): remove it, or chmod o-w it (the segment is created 0600, or 0660 to share it with a group)", ErrUnsafeFile, path, st.Mode&0o7777)
 	}
 	return nil
+}
+
+// withSockaddr calls fn with the socket address of path. A path longer
+// than a socket address can hold (Kubernetes volume paths can be) is
+// reached through its directory's descriptor, /proc/self/fd/N/name.
+func withSockaddr(path string, fn func(*unix.SockaddrUnix) error) error {
+	const maxPath = 100 // sun_path is 108 bytes, NUL included
+	if len(path) <= maxPath {
+		return fn(&unix.SockaddrUnix{Name: path})
+	}
+	dfd, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	short := fmt.Sprintf("/proc/self/fd/%d/%s", dfd, filepath.Base(path))
+	if len(short) > maxPath {
+		return fmt.Errorf("socket path %s: name too long for a socket address", path)
+	}
+	return fn(&unix.SockaddrUnix{Name: short})
 }

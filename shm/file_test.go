@@ -49,8 +49,8 @@ func TestCreateReplacesSymlink(t *testing.T) {
 		t.Fatalf("the link's target was written: %q", b)
 	}
 	fi, err := os.Lstat(s.Path())
-	if err != nil || !fi.Mode().IsRegular() {
-		t.Fatalf("segment path after Create: %v, %v; want a regular file", fi, err)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("segment path after Create: %v, %v; want a socket", fi, err)
 	}
 }
 
@@ -71,15 +71,22 @@ func TestAttachRefusesWorldWritable(t *testing.T) {
 	}
 }
 
-// TestAttachRefusesNonRegular: a FIFO at the path is refused without
-// blocking the open.
+// TestAttachRefusesNonRegular: a FIFO or a regular file at the path is
+// refused without blocking.
 func TestAttachRefusesNonRegular(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "seg")
 	if err := unix.Mkfifo(path, 0o600); err != nil {
 		t.Skipf("mkfifo: %v", err)
 	}
-	if _, err := Attach(path, AttachOptions{}); !errors.Is(err, ErrUnsafeFile) || !strings.Contains(err.Error(), "not a regular file") {
+	if _, err := Attach(path, AttachOptions{}); !errors.Is(err, ErrUnsafeFile) || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("attach a FIFO: %v", err)
+	}
+	file := filepath.Join(t.TempDir(), "seg")
+	if err := os.WriteFile(file, make([]byte, PageSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Attach(file, AttachOptions{}); !errors.Is(err, ErrUnsafeFile) || !strings.Contains(err.Error(), "not a socket") {
+		t.Fatalf("attach a regular file: %v", err)
 	}
 }
 
@@ -95,7 +102,7 @@ func TestCreateRefusesWorldWritableMode(t *testing.T) {
 // may run as root, so the owner rule is checked on the stat directly.)
 func TestCheckSegmentFileOwner(t *testing.T) {
 	reg := func(uid uint32, mode uint32) *unix.Stat_t {
-		return &unix.Stat_t{Uid: uid, Mode: syscall.S_IFREG | mode}
+		return &unix.Stat_t{Uid: uid, Mode: syscall.S_IFSOCK | mode}
 	}
 	if err := checkSegmentFile("/dev/shm/x", reg(1000, 0o600), 1000); err != nil {
 		t.Errorf("own 0600 file refused: %v", err)

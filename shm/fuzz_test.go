@@ -114,7 +114,7 @@ func FuzzAttachHeader(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		copy(img.mem, img.tmpl)
 		patch(img.mem[:HeaderBytes], data)
-		s, err := attachMem("fuzz", nil, img.mem, AttachOptions{})
+		s, err := attachMem("fuzz", img.mem, AttachOptions{})
 		if err != nil {
 			return
 		}
@@ -148,7 +148,7 @@ func FuzzSharedMemory(f *testing.F) {
 	f.Add(seedPatch(img.lay.stagingMeta-HeaderBytes, le32(1)...))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		copy(img.mem, img.tmpl)
-		s, err := attachMem("fuzz", nil, img.mem, AttachOptions{})
+		s, err := attachMem("fuzz", img.mem, AttachOptions{})
 		if err != nil {
 			t.Fatal(err) // the template is valid
 		}
@@ -166,7 +166,11 @@ func FuzzSharedMemory(f *testing.F) {
 // midway (if not nil) between two rounds. Errors are expected; panics fail.
 func exercise(t *testing.T, s *Segment, midway func()) {
 	g := s.Geometry()
+	// The image is one contiguous mapping: play the owner (and the
+	// accelerator), whose views of the accelerator's words are the
+	// accelerator page's.
 	s.owner = true
+	s.useAccelPage()
 	pid := uint32(os.Getpid())
 
 	// The frontend of lane 0, holding whatever epoch the image says, with

@@ -133,7 +133,7 @@ func memSegment(t testing.TB, g Geometry) *Segment {
 func initMem(mem []byte, g Geometry, lay layout) *Segment {
 	clear(mem)
 	writeHeader(mem, Options{ModelID: "test-model", Geometry: g}, lay, 1, len(mem))
-	s := newSegment("mem", nil, mem, g, lay, 1, "test-model", DefaultStaleAfter)
+	s := newSegment("mem", mem, g, lay, 1, "test-model", DefaultStaleAfter)
 	s.owner = true
 	put32(mem, hdrOwnerPid, s.pid)
 	put64(mem, hdrOwnerPidNS, s.pidNS)

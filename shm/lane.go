@@ -144,11 +144,14 @@ type Lane struct {
 	hasWork func() bool // compl has entries; stored once so waits do not allocate
 }
 
-// ClaimLane claims a free lane for the frontend process pid by
-// compare-and-swap on the lane's owner word, and bumps the lane's epoch so
-// nothing addressed to a previous owner can be mistaken for this one's.
-// It fails with ErrNoFreeLane when every lane is owned and with ErrDraining
-// or ErrClosed when the segment no longer accepts work.
+// ClaimLane claims a free lane for the frontend process pid and bumps the
+// lane's epoch so nothing addressed to a previous owner can be mistaken for
+// this one's. In an attached frontend the owner's broker chooses the lane
+// (pid must be this process) and hands over its memory; in the owner's own
+// process (and the accelerator's, which maps every lane) the claim is a
+// compare-and-swap on the lane's owner word. It fails with ErrNoFreeLane
+// when every lane is owned and with ErrDraining or ErrClosed when the
+// segment no longer accepts work.
 func (s *Segment) ClaimLane(pid int) (*Lane, error) {
 	if pid <= 0 || pid > 1<<31-1 {
 		return nil, fmt.Errorf("shm: claim lane: bad pid %d", pid)
@@ -156,31 +159,44 @@ func (s *Segment) ClaimLane(pid int) (*Lane, error) {
 	if err := s.acceptsWork(); err != nil {
 		return nil, fmt.Errorf("shm: claim lane: %w", err)
 	}
+	if s.cl != nil && !s.cl.accel.Load() {
+		// A frontend is assigned a lane by the owner's broker; the
+		// accelerator maps every lane already.
+		return s.claimRemote(pid)
+	}
 	n := s.geo.Lanes
 	for k := 0; k < n; k++ {
 		// Start at a pid-dependent lane so concurrent claimers rarely collide.
 		c := s.lane((pid + k) % n)
-		if atomic.LoadUint32(c.owner) != noOwner {
-			continue
+		if epoch, ok := s.claimCtl(c, uint32(pid), s.pidNS); ok {
+			return s.newLane(c, uint32(pid), epoch), nil
 		}
-		// A fresh heartbeat before the claim is visible, so the reclaimer
-		// never judges a just-claimed lane by its previous owner's beat.
-		atomic.StoreUint64(c.heartbeat, uint64(monoNow()))
-		if !atomic.CompareAndSwapUint32(c.owner, noOwner, uint32(pid)) {
-			continue
-		}
-		epoch := atomic.AddUint32(c.epoch, 1)
-		atomic.StoreUint64(c.pidNS, s.pidNS)
-		atomic.StoreUint64(c.heartbeat, uint64(monoNow()))
-		if !atomic.CompareAndSwapUint32(c.state, laneFree, laneActive) {
-			// The owner word said free but the state did not: corrupt.
-			// Hand the owner word back and try the next lane.
-			atomic.StoreUint32(c.owner, noOwner)
-			continue
-		}
-		return s.newLane(c, uint32(pid), epoch), nil
 	}
 	return nil, fmt.Errorf("shm: claim lane in %s: %w", s.path, ErrNoFreeLane)
+}
+
+// claimCtl claims lane c for pid (of pid namespace pidNS) if it is free,
+// and returns the lane's new epoch.
+func (s *Segment) claimCtl(c *laneCtl, pid uint32, pidNS uint64) (uint32, bool) {
+	if atomic.LoadUint32(c.owner) != noOwner {
+		return 0, false
+	}
+	// A fresh heartbeat before the claim is visible, so the reclaimer
+	// never judges a just-claimed lane by its previous owner's beat.
+	atomic.StoreUint64(c.heartbeat, uint64(monoNow()))
+	if !atomic.CompareAndSwapUint32(c.owner, noOwner, pid) {
+		return 0, false
+	}
+	epoch := atomic.AddUint32(c.epoch, 1)
+	atomic.StoreUint64(c.pidNS, pidNS)
+	atomic.StoreUint64(c.heartbeat, uint64(monoNow()))
+	if !atomic.CompareAndSwapUint32(c.state, laneFree, laneActive) {
+		// The owner word said free but the state did not: corrupt.
+		// Hand the owner word back and try the next lane.
+		atomic.StoreUint32(c.owner, noOwner)
+		return 0, false
+	}
+	return epoch, true
 }
 
 func (s *Segment) newLane(c *laneCtl, pid, epoch uint32) *Lane {

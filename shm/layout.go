@@ -12,16 +12,20 @@ import (
 // header; nothing else in the package hard-codes a position. Changing
 // anything in either means bumping LayoutVersion.
 //
-// A segment is one file, mapped MAP_SHARED by every process:
+// A segment is one contiguous virtual image in every process that maps
+// it, built from several sealed memfds (see memfd.go for which region is
+// which memfd and who may map it how):
 //
 //	offset                         size                          region
-//	0                              HeaderBytes                   header page
+//	0                              HeaderBytes                   header page (owner writes; all read)
+//	layout.bell                    PageSize                      bell page (everyone writes)
+//	layout.accel                   PageSize                      accelerator page (accelerator and owner)
 //	layout.lanes                   Lanes × layout.laneStride     lane control blocks
 //	layout.arenas                  Lanes × ArenaBytes            lane slot arenas
 //	layout.batchRing               layout.batchRingBytes         batch ring
 //	layout.stagingMeta             StagingCount × metaStride     staging state + entry tables
 //	layout.stagingData             StagingCount × StagingBytes   staging buffers
-//	layout.total                   (rounded up to the fs block)  end of file
+//	layout.total                                                 end of the image
 //
 // Every region starts on a page (PageSize) boundary, so a staging buffer can
 // be wrapped as a zero-copy device buffer and a lane arena never shares a page
@@ -49,22 +53,24 @@ const (
 
 // LayoutVersion is stored in every header. Attach refuses any other value:
 // the layout below is the only one this code can read.
-const LayoutVersion = 2
+const LayoutVersion = 3
 
 // segmentMagic identifies a recmesh segment: the ASCII bytes "rmshseg1" read
 // as a big-endian integer, so a hex dump of the file shows them.
 const segmentMagic uint64 = 0x726d_7368_7365_6731
 
-// Header page, the first HeaderBytes of the file. Fields written once are
-// set before the file is renamed into place, so attachers read them without
-// atomics.
+// Header page, the first HeaderBytes of the image. Fields written once are
+// set before the segment is published at its path, so attachers read them
+// without atomics. Rows marked [accel page] are the accelerator page's
+// words at the same offset; the header holds the owner's copy of the first
+// four (the mirror) and leaves the others unused.
 //
 //	off   size  field                                 written by
 //	  0      8  magic ("rmshseg1")                    owner, once
 //	  8      4  layout version                        owner, once
 //	 12      4  segment state (atomic, State)         owner; a successor's Create (ready → draining)
 //	 16      8  generation                            owner, once
-//	 24      8  file size                             owner, once
+//	 24      8  image size (layout.total)             owner, once
 //	 32      8  created, unix ns (informational)      owner, once
 //	 64      4  geometry: lanes                       owner, once
 //	 68      4            ring capacity
@@ -88,20 +94,31 @@ const segmentMagic uint64 = 0x726d_7368_7365_6731
 //	256      4  owner pid                             owner, once
 //	264      8  owner pid namespace                   owner, once
 //	272      8  owner heartbeat (atomic, mono ns)     owner, every beat
-//	384      4  accelerator pid (atomic)              accelerator (SetAccelerator)
-//	388      4  accelerator state (atomic)            accelerator
-//	392      8  accelerator pid namespace (atomic)    accelerator
-//	400      8  accelerator heartbeat (atomic)        accelerator, every beat
-//	512      8  completed batch seq (atomic)          accelerator, per batch
-//	520      4  accelerator idle (atomic)             accelerator
-//	640    128  embedder doorbell                     frontends ring, embedder waits
-//	768    128  batch doorbell                        embedder rings, accelerator waits
-//	896    128  staging doorbell                      accelerator rings, embedder waits
-//	1024   128  execution time per bucket (atomic,    accelerator, after runs
+//	384      4  accelerator pid (atomic)              [accel page] accelerator (SetAccelerator); mirror: owner
+//	388      4  accelerator state (atomic)            [accel page] accelerator; mirror: owner
+//	392      8  accelerator pid namespace (atomic)    [accel page] accelerator; mirror: owner
+//	400      8  accelerator heartbeat (atomic)        [accel page] accelerator, every beat; mirror: owner
+//	512      8  completed batch seq (atomic)          [accel page] accelerator, per batch
+//	520      4  accelerator idle (atomic)             [accel page] accelerator
+//	640    128  embedder doorbell waiter count        embedder (futex word: bell page)
+//	768    128  batch doorbell                        [accel page] embedder rings, accelerator waits
+//	896    128  staging doorbell                      [accel page] accelerator rings, embedder waits
+//	1024   128  execution time per bucket (atomic,    [accel page] accelerator, after runs
 //	            16 × u64 ns, index log2(bucket))
 //	1152        reserved up to HeaderBytes
 //
 // Each group that a different process writes starts on its own LinePair.
+//
+// Only the owner writes the header page: every other process maps it
+// read-only, and the memfd behind it is sealed against new writable
+// mappings. So the words the accelerator writes (offsets 384 to 1152)
+// really live at the same offsets in the accelerator page (layout.accel),
+// which frontends never map; the owner copies the accelerator's pid,
+// state, pid namespace and heartbeat into the header at every beat, and
+// that copy is what frontends judge the accelerator by. The embedder
+// doorbell's futex word, which frontends bump, is in the bell page
+// (layout.bell, offset 0); its waiter count, which only the embedder
+// writes, stays in the header.
 const (
 	HeaderBytes = PageSize
 
@@ -425,6 +442,8 @@ func (g Geometry) validate() error {
 // an exact match, so a header can only describe the layout this code would
 // have built itself.
 type layout struct {
+	bell           int // bell page: the embedder doorbell's futex word
+	accel          int // accelerator page: header-shaped, accelerator words only
 	lanes          int // first lane control block
 	laneStride     int
 	complEntries   int // within a lane block
@@ -444,7 +463,9 @@ func computeLayout(g Geometry) (layout, error) {
 		return layout{}, err
 	}
 	var l layout
-	l.lanes = HeaderBytes
+	l.bell = HeaderBytes
+	l.accel = l.bell + PageSize
+	l.lanes = l.accel + PageSize
 	l.complEntries = laneReqEntries + g.RingCapacity*reqEntryBytes
 	l.slots = roundUp(l.complEntries+g.RingCapacity*complEntryBytes, LinePair)
 	l.laneStride = roundUp(l.slots+g.SlotsPerLane*SlotBytes, PageSize)

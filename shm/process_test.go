@@ -2,6 +2,7 @@ package shm
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,10 +12,16 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/recmesh/recmesh/shm/shmtest"
 )
 
 // Multi-process tests re-execute the test binary as a helper process: the
@@ -46,8 +53,10 @@ func runHelper(name string) int {
 		err = helperOwner()
 	case "accelerator":
 		err = helperAccelerator()
-	case "waiter":
-		err = helperWaiter()
+	case "ringer":
+		err = helperRinger()
+	case "hostile":
+		err = helperHostile()
 	default:
 		err = fmt.Errorf("unknown helper %q", name)
 	}
@@ -555,46 +564,46 @@ func TestKilledAcceleratorNoticedWithin100ms(t *testing.T) {
 	}
 }
 
-// helperWaiter sleeps on the embedder doorbell (no spinning) until a
-// request is pending.
-func helperWaiter() error {
-	s, err := Attach(os.Getenv(pathEnv), AttachOptions{})
+// helperRinger attaches as a frontend, claims a lane, and once the owner
+// is asleep on the embedder doorbell commits a request, which rings it.
+func helperRinger() error {
+	s, l, err := helperAttachLane()
+	if err != nil {
+		return err
+	}
+	slot, _, err := l.Claim(1, 8)
 	if err != nil {
 		return err
 	}
 	d := s.EmbedderBell()
-	d.SetSpin(0)
-	fmt.Println("waiting")
-	ok, err := d.Wait(context.Background(), s.RequestsPending, 30*time.Second)
-	fmt.Println("woke", ok, err, d.Stats().Sleeps)
+	fmt.Println("claimed")
+	for atomic.LoadUint32(d.waiters) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := l.Commit(slot, RequestMeta{ID: 1}); err != nil {
+		return err
+	}
+	fmt.Println("rang", d.Stats().Wakes)
 	return nil
 }
 
 // The doorbell is a shared futex: a producer in one process wakes a
 // consumer asleep in another, with exactly one wake syscall, and only
-// because a waiter was registered.
+// because a waiter was registered. The frontend rings through the bell
+// page (the only shared page it may write) while the count it trusts is
+// in the header, which only the embedder writes.
 func TestDoorbellAcrossProcesses(t *testing.T) {
 	s := newTestSegment(t, testGeometry())
-	l, err := s.ClaimLane(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	slot, _, _ := l.Claim(1, 8)
-	c := startChild(t, "waiter", pathEnv+"="+s.Path())
-	c.expect(t, "waiting", 20*time.Second)
+	c := startChild(t, "ringer", pathEnv+"="+s.Path())
+	c.expect(t, "claimed", 20*time.Second)
 	d := s.EmbedderBell()
-	waitFor(t, 10*time.Second, "child asleep on the futex", func() bool {
-		return atomic.LoadUint32(d.waiters) == 1
-	})
-	if err := l.Commit(slot, RequestMeta{ID: 1}); err != nil {
-		t.Fatal(err)
+	d.SetSpin(0)
+	ok, err := d.Wait(context.Background(), s.RequestsPending, 30*time.Second)
+	if !ok || err != nil || d.Stats().Sleeps == 0 {
+		t.Fatalf("owner woke with %v %v after %d sleeps", ok, err, d.Stats().Sleeps)
 	}
-	got := c.expect(t, "woke", 10*time.Second)
-	if !strings.HasPrefix(got, "true <nil>") || strings.HasSuffix(got, " 0") {
-		t.Fatalf("child woke with %q", got)
-	}
-	if w := d.Stats().Wakes; w != 1 {
-		t.Fatalf("%d wake syscalls, want 1", w)
+	if got := c.expect(t, "rang", 10*time.Second); got != "1" {
+		t.Fatalf("%s wake syscalls, want 1", got)
 	}
 	c.wait(t, 10*time.Second)
 }
@@ -622,4 +631,311 @@ func TestTornPayloadCheckDetectsTearing(t *testing.T) {
 	if err := checkTornPayload(req, 5); err == nil {
 		t.Fatal("short payload not detected")
 	}
+}
+
+// helperHostile is a frontend of the same user gone bad: it claims a lane,
+// tries every way out of it (printing "refused <n>" and one "breach <what>"
+// per attempt that was not refused), then scribbles over its own lane and
+// commits garbage until killed.
+func helperHostile() error {
+	shmtest.DropCapabilities()
+	s, l, err := helperAttachLane()
+	if err != nil {
+		return err
+	}
+	refused := 0
+	breach := func(what string) { fmt.Println("breach", what) }
+	for _, r := range frontendRefusals(s) {
+		if r.err == nil || !errors.Is(r.err, r.want) {
+			breach(fmt.Sprintf("%s: %v", r.what, r.err))
+		} else {
+			refused++
+		}
+	}
+	owner, _ := strconv.Atoi(os.Getenv(ownerEnv))
+	if err := openProcFDs(owner); errors.Is(err, os.ErrPermission) {
+		refused++
+	} else {
+		breach(fmt.Sprintf("open the owner's descriptors: %v", err))
+	}
+	mem := fmt.Sprintf("/proc/%d/mem", owner)
+	if f, err := os.OpenFile(mem, os.O_RDWR, 0); errors.Is(err, os.ErrPermission) {
+		refused++
+	} else {
+		if f != nil {
+			f.Close()
+		}
+		breach(fmt.Sprintf("open %s: %v", mem, err))
+	}
+	if err := unix.PtraceAttach(owner); errors.Is(err, unix.EPERM) {
+		refused++
+	} else {
+		if err == nil {
+			// Let it go at once: a stopped owner would hang the test
+			// instead of failing it.
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(owner, &ws, unix.WALL, nil)
+			_ = unix.PtraceDetach(owner)
+		}
+		breach(fmt.Sprintf("ptrace the owner: %v", err))
+	}
+	local := []unix.Iovec{{Base: &make([]byte, 8)[0], Len: 8}}
+	remote := []unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&s.mem[0])), Len: 8}}
+	if _, err := unix.ProcessVMWritev(owner, local, remote, 0); errors.Is(err, unix.EPERM) {
+		refused++
+	} else {
+		breach(fmt.Sprintf("process_vm_writev into the owner: %v", err))
+	}
+	// The broker cannot tell processes of one user apart, but it gives
+	// the accelerator's memory to nobody while a live accelerator holds
+	// the segment.
+	if err := s.SetAccelerator(os.Getpid()); errors.Is(err, ErrAcceleratorPresent) {
+		refused++
+	} else {
+		breach(fmt.Sprintf("become the accelerator: %v", err))
+	}
+	if _, err := os.OpenFile(os.Getenv(pathEnv), os.O_RDWR, 0); errors.Is(err, unix.ENXIO) {
+		refused++
+	} else {
+		breach(fmt.Sprintf("open the segment socket as a file: %v", err))
+	}
+	fmt.Println("refused", refused)
+	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 1))
+	for {
+		_ = GuardFaults(func() error {
+			b := l.ControlBlock()
+			for i := 0; i < 4; i++ {
+				put64(b, rng.IntN(len(b)/8)*8, rng.Uint64())
+			}
+			a := l.Arena()
+			put64(a, rng.IntN(len(a)/8)*8, rng.Uint64())
+			slot, p, err := l.Claim(1, 8)
+			if err == nil {
+				put64(p, 0, rng.Uint64())
+				err = l.Commit(slot, RequestMeta{ID: rng.Uint64()})
+			}
+			if errors.Is(err, ErrLaneLost) {
+				// Fenced: ask for another lane, which comes with fresh
+				// memory, and go on.
+				if nl, cerr := s.ClaimLane(os.Getpid()); cerr == nil {
+					l = nl
+					fmt.Println("reclaimed")
+				}
+			}
+			return nil
+		})
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// ownerEnv passes the owner's pid to a helper.
+const ownerEnv = "RECMESH_SHM_OWNER"
+
+// A hostile frontend of the same user, in its own process, can corrupt its
+// own lane and nothing else: every way out is refused (the header made or
+// mapped writable, any memfd resized, the owner's /proc/<pid>/fd and
+// /proc/<pid>/mem, ptrace, process_vm_writev, the accelerator's memory
+// while an accelerator is attached, the socket opened as a file), and while it scribbles over its lane another frontend's lane
+// keeps serving in the same generation. Its lane is evicted; the owner
+// serving loop never fails.
+func TestHostileFrontendConfinedToItsLane(t *testing.T) {
+	s := newTestSegment(t, testGeometry())
+	gen := s.Generation()
+	honest := attachTest(t, s)
+	hl, err := honest.ClaimLane(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A live accelerator holds the segment (the owner does its work
+	// below, through the same memory).
+	acc := attachTest(t, s)
+	if err := acc.SetAccelerator(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
+	// The owner serves every lane (as embedder and accelerator), evicting
+	// lanes whose rings cannot be trusted, until the test ends.
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	evicted := atomic.Int64{}
+	go func() { served <- serveAll(ctx, s, &evicted) }()
+	var beats sync.WaitGroup
+	beats.Add(2)
+	go func() { defer beats.Done(); acc.AcceleratorHeartbeat(ctx, 0, nil) }()
+	go func() { defer beats.Done(); hl.Heartbeat(ctx, 0) }()
+	t.Cleanup(func() {
+		cancel()
+		beats.Wait()
+		if err := <-served; err != nil {
+			t.Errorf("owner's serving loop: %v", err)
+		}
+	})
+
+	c := startChild(t, "hostile", pathEnv+"="+s.Path(), fmt.Sprintf("%s=%d", ownerEnv, os.Getpid()))
+	// Breaches print before the count of refusals.
+	var got string
+	timeout := time.After(20 * time.Second)
+	for got == "" {
+		select {
+		case line, ok := <-c.lines:
+			if !ok {
+				t.Fatal("hostile helper exited early")
+			}
+			if strings.HasPrefix(line, "breach") {
+				t.Errorf("hostile frontend: %s", line)
+			}
+			if rest, found := strings.CutPrefix(line, "refused "); found {
+				got = rest
+			}
+		case <-timeout:
+			t.Fatal("hostile helper did not report")
+		}
+	}
+	if n, _ := strconv.Atoi(got); n < 10 {
+		t.Errorf("only %s attempts refused", got)
+	}
+	// The honest lane keeps serving while the hostile one scribbles.
+	deadline := time.Now().Add(2 * time.Second)
+	for id := uint64(1); time.Now().Before(deadline) || id < 50; id++ {
+		slot, p, err := hl.Claim(1, 8)
+		if err != nil {
+			t.Fatalf("honest claim %d: %v", id, err)
+		}
+		put64(p, 0, id)
+		if err := hl.Commit(slot, RequestMeta{ID: id}); err != nil {
+			t.Fatalf("honest commit %d: %v", id, err)
+		}
+		wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		cpl, err := hl.WaitCompletion(wctx)
+		wcancel()
+		if err != nil || cpl.Slot != slot || cpl.Status != StatusOK {
+			t.Fatalf("honest call %d: %+v, %v", id, cpl, err)
+		}
+		if sc, err := hl.Scores(slot); err != nil || get32(sc, 0) != uint32(id) {
+			t.Fatalf("honest call %d scores: %v", id, err)
+		}
+		if err := hl.Free(slot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.State() != StateReady || honest.Generation() != gen {
+		t.Fatalf("segment %v generation %d after the hostile frontend, want ready %d", s.State(), honest.Generation(), gen)
+	}
+	lanes := 0
+	for {
+		select {
+		case line := <-c.lines:
+			if line == "reclaimed" {
+				lanes++
+			}
+			continue
+		default:
+		}
+		break
+	}
+	t.Logf("honest lane served throughout; hostile lanes evicted %d times, %d lanes claimed anew", evicted.Load(), lanes)
+}
+
+// serveAll reads every lane's requests as the embedder, completes each
+// (score = request id) as the accelerator, evicts a lane whose counters
+// fail validation, and reclaims lanes, until ctx is done. Errors that
+// concern one lane are that lane's; any other is returned.
+func serveAll(ctx context.Context, s *Segment, evicted *atomic.Int64) error {
+	g := s.Geometry()
+	rrs := make([]*RequestReader, g.Lanes)
+	cws := make([]*CompletionWriter, g.Lanes)
+	for i := range rrs {
+		rrs[i], _ = s.RequestReader(i)
+		cws[i], _ = s.CompletionWriter(i)
+	}
+	for ctx.Err() == nil {
+		if _, err := s.ReclaimLanes(0); err != nil {
+			return err
+		}
+		s.EmbedderBell().Wait(ctx, s.RequestsPending, 5*time.Millisecond)
+		for i, rr := range rrs {
+			for k := 0; k < 64; k++ {
+				req, ok, err := rr.Next()
+				if err != nil {
+					if req.Slot < 0 {
+						evicted.Add(1)
+						if err := s.EvictLane(i); err != nil {
+							return err
+						}
+						break
+					}
+					continue
+				}
+				if !ok {
+					break
+				}
+				sc, err := cws[i].Scores(req.Slot, req.Epoch)
+				if err != nil {
+					continue
+				}
+				for e := 0; e < req.Examples; e++ {
+					put32(sc, 4*e, uint32(req.RequestID))
+				}
+				_ = cws[i].Complete(Completion{Slot: req.Slot, Epoch: req.Epoch, Examples: req.Examples})
+			}
+		}
+	}
+	return nil
+}
+
+// openProcFDs tries to open the descriptors of process pid through
+// /proc/<pid>/fd. It returns the first refusal, or nil if every one
+// opened. (A uid-0 process without capabilities may list the directory,
+// which a non-dumpable process hands to root; opening an entry needs
+// ptrace access either way.)
+func openProcFDs(pid int) error {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	names, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		f, err := os.Open(dir + "/" + n.Name())
+		if err != nil {
+			return err
+		}
+		f.Close()
+	}
+	return nil
+}
+
+// An owner that is stopped (SIGSTOP, a hang) answers no attach: Attach
+// gives up within its reply bound instead of hanging the attacher, and
+// works again once the owner runs.
+func TestAttachToStalledOwnerGivesUp(t *testing.T) {
+	name := testName(t)
+	c := startChild(t, "owner", pathEnv+"="+name)
+	path := c.expect(t, "ready", 20*time.Second)
+	t.Cleanup(func() { os.Remove(path) })
+	if err := syscall.Kill(c.pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// The signal takes effect asynchronously: wait for the stopped state.
+	waitFor(t, 10*time.Second, "owner stopped", func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.pid()))
+		i := bytes.LastIndexByte(b, ')')
+		return err == nil && i >= 0 && i+2 < len(b) && b[i+2] == 'T'
+	})
+	start := time.Now()
+	s, err := Attach(path, AttachOptions{})
+	if err == nil {
+		s.Close()
+		t.Fatal("attached to a stopped owner")
+	}
+	if took := time.Since(start); took > replyTimeout+2*time.Second {
+		t.Fatalf("Attach to a stopped owner took %v (bound %v): %v", took, replyTimeout, err)
+	}
+	if err := syscall.Kill(c.pid(), syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// Its heartbeat is stale until its first beat after the stop.
+	waitFor(t, 10*time.Second, "attach once the owner runs again", func() bool {
+		s, err = Attach(path, AttachOptions{})
+		return err == nil
+	})
+	s.Close()
 }

@@ -9,22 +9,26 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// Segment is one process's mapping of a segment file. The creator (Create)
-// is the owner: the embedder of that generation. Everyone else attaches
-// (Attach). Methods that only read or beat are safe for concurrent use;
+// Segment is one process's mapping of a segment. The creator (Create) is
+// the owner: the embedder of that generation. Everyone else attaches
+// (Attach) through the owner's broker, and maps only what its role may
+// (memfd.go). Methods that only read or beat are safe for concurrent use;
 // Close must come after every handle made from the segment is done, because
 // it unmaps the memory they point into.
 type Segment struct {
 	path    string
-	file    *os.File
 	mem     []byte
+	vm      *vmRange   // the reserved image; nil for test images
+	mapMu   sync.Mutex // remapping pieces of vm, and releasing it
+	br      *broker    // owner: serves attachers
+	cl      *client    // attacher: its connection to the broker
 	geo     Geometry
 	lay     layout
 	gen     uint64
@@ -33,20 +37,20 @@ type Segment struct {
 	pid     uint32 // this process
 	pidNS   uint64 // this process's pid namespace, 0 if unknown
 	stale   time.Duration
-	dev     uint64 // identity of the file, so Remove never unlinks a successor
+	dev     uint64 // identity of the socket, so Remove never unlinks a successor
 	ino     uint64
 	isAccel atomic.Bool // SetAccelerator succeeded in this process
 
 	state       *uint32
 	ownerHB     *uint64
-	accelPid    *uint32
-	accelState  *uint32
+	accelPid    *uint32 // the accelerator page's words (owner, accelerator)
+	accelState  *uint32 // or the header's mirror of them (frontends)
 	accelPidNS  *uint64
 	accelHB     *uint64
 	completed   *uint64
 	executed    *uint64
 	accelIdle   *uint32
-	execTable   [ExecTableBuckets]*uint64 // words in the header
+	execTable   [ExecTableBuckets]*uint64 // words in the accelerator page
 	batchTail   *uint64
 	embedder    *Doorbell
 	batchBell   *Doorbell
@@ -55,14 +59,15 @@ type Segment struct {
 	staging     []Staging // views of every staging buffer, built once
 }
 
-// Create makes a new segment file at opts.Dir/opts.Name for the calling
-// process, which becomes its owner. The file is built under a temporary name
-// and renamed into place only when complete, so an attacher never sees a
-// half-initialised segment. An existing segment at the path is replaced: its
-// mappings stay valid for the processes that hold them (the old generation
-// drains), and it is marked draining so its frontends move on. The file is
-// created with O_EXCL|O_NOFOLLOW and opts.Mode, which may not be writable by
-// other users.
+// Create makes a new segment for the calling process, which becomes its
+// owner, and publishes it at opts.Dir/opts.Name: a unix socket where the
+// owner's broker hands attachers their memfds. The socket is bound under a
+// temporary name and renamed into place only when the segment is
+// complete, so an attacher never sees a half-initialised one. A segment
+// already at the path is replaced: its mappings stay valid for the
+// processes that hold them (the old generation drains), and its owner
+// marks it draining when it sees its path taken. The socket gets
+// opts.Mode, which may not be writable by other users.
 func Create(opts Options) (*Segment, error) {
 	o := opts.withDefaults()
 	if o.Name == "" || strings.ContainsRune(o.Name, '/') || o.Name == "." || o.Name == ".." {
@@ -84,11 +89,19 @@ func create(path string, o Options) (*Segment, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Mode.Perm()&0o002 != 0 {
+		return nil, fmt.Errorf("%w: mode %v is writable by every user, and attach refuses such a segment", ErrUnsafeFile, o.Mode.Perm())
+	}
+	// Huge pages when the directory is a hugetlbfs mount, as when the
+	// segment was a file there: the staging buffers, the one large region
+	// a device reads, get them.
 	blk, err := fsBlock(o.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("statfs: %w", err)
 	}
-	size := roundUp(lay.total, blk)
+	if err := setUndumpable(); err != nil {
+		return nil, err
+	}
 
 	prev := existingGeneration(path)
 	gen := o.Generation
@@ -99,50 +112,110 @@ func create(path string, o Options) (*Segment, error) {
 		return nil, fmt.Errorf("%w: generation %d is not newer than %d already at the path", ErrGeneration, gen, prev)
 	}
 
-	if o.Mode.Perm()&0o002 != 0 {
-		return nil, fmt.Errorf("%w: mode %v is writable by every user, and attach refuses such a segment", ErrUnsafeFile, o.Mode.Perm())
+	z := lay.memfdSizes(o.Geometry, blk)
+	// On hugetlbfs the huge page pool bounds the staging memfd itself
+	// (fallocate fails with ENOSPC), and its free count says nothing of
+	// the rest.
+	if o.Reserve && blk == PageSize {
+		if err := checkRoom(o.Dir, z, o.Geometry.Lanes); err != nil {
+			return nil, err
+		}
 	}
-	f, err := createSegmentFile(o.Dir, o.Name, o.Mode)
-	if err != nil {
-		return nil, err
+	b := &broker{reserve: o.Reserve, block: blk, z: z, accel: map[*brokerConn]bool{}, conns: map[*brokerConn]bool{}}
+	for i := range b.fds {
+		b.fds[i] = -1
 	}
-	tmp := f.Name()
+	var vm *vmRange
+	var ln *wireConn
+	var tmp string
 	ok := false
 	defer func() {
-		if !ok {
-			f.Close()
+		if ok {
+			return
+		}
+		if ln != nil {
+			ln.close()
 			os.Remove(tmp)
 		}
+		vm.release()
+		closeAll(b.fds[:])
+		closeAll(b.lanes)
 	}()
-	if err := f.Truncate(int64(size)); err != nil {
-		return nil, err
-	}
-	if o.Reserve {
-		if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
-			return nil, fmt.Errorf("reserve %d bytes: %w", size, err)
+	names := [numShared]string{"recmesh-header", "recmesh-bell", "recmesh-core", "recmesh-staging"}
+	for i := range b.fds {
+		block := PageSize
+		if i == fdStaging {
+			block = blk
+		}
+		if b.fds[i], err = newMemfd(names[i], z.shared[i], block, o.Reserve); err != nil {
+			return nil, err
 		}
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
+	for i := 0; i < o.Geometry.Lanes; i++ {
+		fd, err := newMemfd(fmt.Sprintf("recmesh-lane-%d", i), z.lane, PageSize, o.Reserve)
+		if err != nil {
+			return nil, err
+		}
+		b.lanes = append(b.lanes, fd)
 	}
-	writeHeader(mem, o, lay, gen, size)
-	s := newSegment(path, f, mem, o.Geometry, lay, gen, o.ModelID, DefaultStaleAfter)
+	b.dirty = make([]bool, o.Geometry.Lanes)
+	if vm, err = reserveVM(z.vm, lay.stagingData); err != nil {
+		return nil, err
+	}
+	for _, p := range lay.sharedPieces(z) {
+		if err := vm.mapFixed(p.off, p.n, b.fds[p.kind], p.fdOff, true); err != nil {
+			return nil, err
+		}
+	}
+	for i, fd := range b.lanes {
+		for _, p := range lay.lanePieces(i, o.Geometry) {
+			if err := vm.mapFixed(p.off, p.n, fd, p.fdOff, true); err != nil {
+				return nil, err
+			}
+		}
+	}
+	mem := vm.bytes(lay.total)
+	writeHeader(mem, o, lay, gen, lay.total)
+	s := newSegment(path, mem, o.Geometry, lay, gen, o.ModelID, DefaultStaleAfter)
+	s.vm = vm
 	s.owner = true
 	put32(mem, hdrOwnerPid, s.pid)
 	put64(mem, hdrOwnerPidNS, s.pidNS)
 	s.Beat()
 	atomic.StoreUint32(s.state, uint32(StateReady))
 
-	if err := s.identify(); err != nil {
-		unix.Munmap(mem)
+	// Sealed now that the owner's writable mapping of the header exists:
+	// it stays the only one.
+	for i, fd := range b.fds {
+		seals := baseSeals
+		if i == fdHeader {
+			seals |= unix.F_SEAL_FUTURE_WRITE
+		}
+		if err := seal(fd, seals); err != nil {
+			return nil, err
+		}
+	}
+	for _, fd := range b.lanes {
+		if err := seal(fd, baseSeals); err != nil {
+			return nil, err
+		}
+	}
+
+	if ln, tmp, err = listenSegmentSocket(filepath.Dir(path), filepath.Base(path), o.Mode); err != nil {
 		return nil, err
 	}
+	var st unix.Stat_t
+	if err := unix.Stat(tmp, &st); err != nil {
+		return nil, err
+	}
+	s.dev, s.ino = uint64(st.Dev), st.Ino
+	b.s, b.ln = s, ln
+	s.br = b
 	markDraining(path)
 	if err := os.Rename(tmp, path); err != nil {
-		unix.Munmap(mem)
 		return nil, err
 	}
+	b.start()
 	ok = true
 	return s, nil
 }
@@ -181,58 +254,28 @@ func writeHeader(mem []byte, o Options, lay layout, gen uint64, size int) {
 	copy(mem[hdrModelID:hdrModelID+ModelIDBytes], o.ModelID)
 }
 
-// existingGeneration reads the generation of the segment at path, or 0 when
-// there is none or it is not a segment this code can read.
-func existingGeneration(path string) uint64 {
-	f, err := openSegmentFile(path, os.O_RDONLY)
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	var h [hdrGeneration + 8]byte
-	if _, err := f.ReadAt(h[:], 0); err != nil {
-		return 0
-	}
-	if get64(h[:], hdrMagic) != segmentMagic || get32(h[:], hdrVersion) != LayoutVersion {
-		return 0
-	}
-	return get64(h[:], hdrGeneration)
-}
+// existingGeneration asks the broker at path for its generation: 0 when
+// there is none, or nobody answers (its owner is gone, and with it the
+// memory: the path's generations then start over).
+func existingGeneration(path string) uint64 { return probe(path, false) }
 
-// markDraining flips the segment about to be replaced at path from ready to
-// draining, telling its frontends to finish in-flight work and attach to the
-// successor. Failure is harmless: they also notice when they re-attach.
-func markDraining(path string) {
-	f, err := openSegmentFile(path, os.O_RDWR)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	// A file cut short (someone truncated it) has no header to mark, and
-	// may shrink further under the mapping: check, then guard.
-	if fi, err := f.Stat(); err != nil || fi.Size() < HeaderBytes {
-		return
-	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, HeaderBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return
-	}
-	defer unix.Munmap(mem)
-	_ = GuardFaults(func() error {
-		if get64(mem, hdrMagic) == segmentMagic && get32(mem, hdrVersion) == LayoutVersion {
-			atomic.CompareAndSwapUint32(word32(mem, hdrState), uint32(StateReady), uint32(StateDraining))
-		}
-		return nil
-	})
-}
+// markDraining tells the segment about to be replaced at path, when its
+// owner is this very process (a rollout), to drain at once; the broker
+// refuses anyone else, and an owner in another process notices by itself
+// that its path was taken (broker.watch). Failure is harmless: frontends
+// also notice the new socket and re-attach.
+func markDraining(path string) { probe(path, true) }
 
-// Attach maps the segment at path for a frontend or the accelerator. It
-// checks the magic, the layout version, the geometry against the file, the
+// Attach maps the segment at path for a frontend or the accelerator,
+// through the owner's broker: it gets the header, read-only, and the bell
+// page; ClaimLane adds one lane, SetAccelerator everything else. It checks
+// the magic, the layout version, the geometry against the memfds, the
 // generation and model id asked for, the state word, and that the owner is
 // alive; any failure is a clear error wrapping one of the sentinels. The
-// file itself must be safe to trust (ErrUnsafeFile otherwise): not a
-// symbolic link, a regular file, owned by this process's effective uid
-// (any owner when that is root), and not writable by other users.
+// path must be safe to trust (ErrUnsafeFile otherwise): not a symbolic
+// link, a socket of this process's effective uid (any owner when that is
+// root), not writable by other users, with a broker of that uid behind it.
+// Attach makes the process non-dumpable (see setUndumpable).
 func Attach(path string, want AttachOptions) (*Segment, error) {
 	s, err := attach(path, want)
 	if err != nil {
@@ -241,56 +284,11 @@ func Attach(path string, want AttachOptions) (*Segment, error) {
 	return s, nil
 }
 
-func attach(path string, want AttachOptions) (*Segment, error) {
-	// No symbolic link, a regular file of this user's, not world-writable:
-	// see openSegmentFile.
-	f, err := openSegmentFile(path, os.O_RDWR)
-	if err != nil {
-		return nil, err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	size := fi.Size()
-	if size < HeaderBytes || size > 1<<46 {
-		f.Close()
-		return nil, fmt.Errorf("%w: file size %d", ErrGeometry, size)
-	}
-	// Map the size the owner wrote, not the file's: anyone who may write
-	// the file can extend it, and what lies past the segment is nobody's.
-	// A file shorter than that is refused below (parseHeader).
-	var hdr [hdrFileSize + 8]byte
-	if _, err := f.ReadAt(hdr[:], 0); err == nil && get64(hdr[:], hdrMagic) == segmentMagic {
-		if recorded := int64(get64(hdr[:], hdrFileSize)); recorded >= HeaderBytes && recorded < size {
-			size = recorded
-		}
-	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
-	}
-	s, err := attachMem(path, f, mem, want)
-	if err == nil {
-		err = s.identify()
-	}
-	if err == nil {
-		err = s.OwnerAlive(0)
-	}
-	if err != nil {
-		unix.Munmap(mem)
-		f.Close()
-		return nil, err
-	}
-	return s, nil
-}
-
-// attachMem validates a mapped segment image and builds a Segment over it.
-// It reads nothing beyond the header until the header has proven that the
-// layout fits inside mem. The fuzz tests call it on hostile images.
-func attachMem(path string, f *os.File, mem []byte, want AttachOptions) (*Segment, error) {
+// attachMem validates a mapped segment image and builds an attacher's
+// Segment over it. It reads nothing beyond the header until the header has
+// proven that the layout fits inside mem. The fuzz tests call it on
+// hostile images.
+func attachMem(path string, mem []byte, want AttachOptions) (*Segment, error) {
 	g, lay, err := parseHeader(mem)
 	if err != nil {
 		return nil, err
@@ -310,7 +308,8 @@ func attachMem(path string, f *os.File, mem []byte, want AttachOptions) (*Segmen
 	if stale <= 0 {
 		stale = DefaultStaleAfter
 	}
-	s := newSegment(path, f, mem, g, lay, gen, string(id), stale)
+	s := newSegment(path, mem, g, lay, gen, string(id), stale)
+	s.useAccelMirror()
 	switch st := s.State(); st {
 	case StateReady:
 	case StateDraining:
@@ -326,9 +325,7 @@ func attachMem(path string, f *os.File, mem []byte, want AttachOptions) (*Segmen
 }
 
 // parseHeader checks the header of mem and returns the geometry and layout
-// it describes. The layout is recomputed from the geometry and every stored
-// offset must match it, so the header can only describe a layout this code
-// would have built, and that layout must fit in mem.
+// it describes, which must fit in mem.
 func parseHeader(mem []byte) (Geometry, layout, error) {
 	if len(mem) < HeaderBytes {
 		return Geometry{}, layout{}, fmt.Errorf("%w: %d bytes, smaller than the header", ErrGeometry, len(mem))
@@ -336,24 +333,45 @@ func parseHeader(mem []byte) (Geometry, layout, error) {
 	if !aligned(mem, PageSize) {
 		return Geometry{}, layout{}, fmt.Errorf("%w: mapping not page aligned", ErrGeometry)
 	}
-	if m := get64(mem, hdrMagic); m != segmentMagic {
+	g, lay, err := headerLayout(mem[:HeaderBytes])
+	if err != nil {
+		return Geometry{}, layout{}, err
+	}
+	if size := get64(mem, hdrFileSize); size != uint64(len(mem)) {
+		return Geometry{}, layout{}, fmt.Errorf("%w: image size is %d, the mapping %d", ErrGeometry, size, len(mem))
+	}
+	if lay.total > len(mem) {
+		return Geometry{}, layout{}, fmt.Errorf("%w: layout needs %d bytes, the mapping has %d", ErrGeometry, lay.total, len(mem))
+	}
+	return g, lay, nil
+}
+
+// headerLayout checks a header page and returns the geometry and layout it
+// describes. The layout is recomputed from the geometry and every stored
+// offset must match it, so the header can only describe a layout this code
+// would have built.
+func headerLayout(hdr []byte) (Geometry, layout, error) {
+	if len(hdr) < HeaderBytes {
+		return Geometry{}, layout{}, fmt.Errorf("%w: %d bytes, smaller than the header", ErrGeometry, len(hdr))
+	}
+	if m := get64(hdr, hdrMagic); m != segmentMagic {
 		return Geometry{}, layout{}, fmt.Errorf("%w: %#x", ErrBadMagic, m)
 	}
-	if v := get32(mem, hdrVersion); v != LayoutVersion {
+	if v := get32(hdr, hdrVersion); v != LayoutVersion {
 		return Geometry{}, layout{}, fmt.Errorf("%w: segment has layout version %d, this build reads %d", ErrVersion, v, LayoutVersion)
 	}
 	// u64 fields go through int: values above MaxInt64 turn negative and
 	// fail the range checks like any other out-of-range value.
 	g := Geometry{
-		Lanes:           int(get32(mem, hdrLanes)),
-		RingCapacity:    int(get32(mem, hdrRingCapacity)),
-		SlotsPerLane:    int(get32(mem, hdrSlotsPerLane)),
-		ArenaBytes:      int(get64(mem, hdrArenaBytes)),
-		StagingCount:    int(get32(mem, hdrStagingCount)),
-		StagingBytes:    int(get64(mem, hdrStagingBytes)),
-		MaxBatchEntries: int(get32(mem, hdrMaxBatchEntries)),
-		MaxExamples:     int(get32(mem, hdrMaxExamples)),
-		ExampleBytes:    int(get32(mem, hdrExampleBytes)),
+		Lanes:           int(get32(hdr, hdrLanes)),
+		RingCapacity:    int(get32(hdr, hdrRingCapacity)),
+		SlotsPerLane:    int(get32(hdr, hdrSlotsPerLane)),
+		ArenaBytes:      int(get64(hdr, hdrArenaBytes)),
+		StagingCount:    int(get32(hdr, hdrStagingCount)),
+		StagingBytes:    int(get64(hdr, hdrStagingBytes)),
+		MaxBatchEntries: int(get32(hdr, hdrMaxBatchEntries)),
+		MaxExamples:     int(get32(hdr, hdrMaxExamples)),
+		ExampleBytes:    int(get32(hdr, hdrExampleBytes)),
 	}
 	lay, err := computeLayout(g)
 	if err != nil {
@@ -363,31 +381,31 @@ func parseHeader(mem []byte) (Geometry, layout, error) {
 		name      string
 		got, want uint64
 	}{
-		{"batch ring capacity", uint64(get32(mem, hdrBatchRingCap)), uint64(lay.batchRingCap)},
-		{"lanes offset", get64(mem, hdrLanesOff), uint64(lay.lanes)},
-		{"lane stride", get64(mem, hdrLaneStride), uint64(lay.laneStride)},
-		{"arenas offset", get64(mem, hdrArenasOff), uint64(lay.arenas)},
-		{"batch ring offset", get64(mem, hdrBatchRingOff), uint64(lay.batchRing)},
-		{"staging meta offset", get64(mem, hdrStagingMetaOff), uint64(lay.stagingMeta)},
-		{"staging meta stride", get64(mem, hdrStagingMetaStride), uint64(lay.metaStride)},
-		{"staging data offset", get64(mem, hdrStagingDataOff), uint64(lay.stagingData)},
-		{"total", get64(mem, hdrTotal), uint64(lay.total)},
-		{"file size", get64(mem, hdrFileSize), uint64(len(mem))},
+		{"batch ring capacity", uint64(get32(hdr, hdrBatchRingCap)), uint64(lay.batchRingCap)},
+		{"lanes offset", get64(hdr, hdrLanesOff), uint64(lay.lanes)},
+		{"lane stride", get64(hdr, hdrLaneStride), uint64(lay.laneStride)},
+		{"arenas offset", get64(hdr, hdrArenasOff), uint64(lay.arenas)},
+		{"batch ring offset", get64(hdr, hdrBatchRingOff), uint64(lay.batchRing)},
+		{"staging meta offset", get64(hdr, hdrStagingMetaOff), uint64(lay.stagingMeta)},
+		{"staging meta stride", get64(hdr, hdrStagingMetaStride), uint64(lay.metaStride)},
+		{"staging data offset", get64(hdr, hdrStagingDataOff), uint64(lay.stagingData)},
+		{"total", get64(hdr, hdrTotal), uint64(lay.total)},
+		{"image size", get64(hdr, hdrFileSize), uint64(lay.total)},
 	} {
 		if c.got != c.want {
 			return Geometry{}, layout{}, fmt.Errorf("%w: %s is %d, geometry implies %d", ErrGeometry, c.name, c.got, c.want)
 		}
 	}
-	if lay.total > len(mem) {
-		return Geometry{}, layout{}, fmt.Errorf("%w: layout needs %d bytes, file has %d", ErrGeometry, lay.total, len(mem))
-	}
 	return g, lay, nil
 }
 
-func newSegment(path string, f *os.File, mem []byte, g Geometry, lay layout, gen uint64, modelID string, stale time.Duration) *Segment {
+// newSegment builds the views of a segment image as the owner and the
+// accelerator see it: the accelerator's words in the accelerator page.
+// Frontends switch to the header's mirror of them (useAccelMirror).
+func newSegment(path string, mem []byte, g Geometry, lay layout, gen uint64, modelID string, stale time.Duration) *Segment {
+	acc := lay.accel
 	s := &Segment{
 		path:        path,
-		file:        f,
 		mem:         mem,
 		geo:         g,
 		lay:         lay,
@@ -398,20 +416,17 @@ func newSegment(path string, f *os.File, mem []byte, g Geometry, lay layout, gen
 		stale:       stale,
 		state:       word32(mem, hdrState),
 		ownerHB:     word64(mem, hdrOwnerHeartbeat),
-		accelPid:    word32(mem, hdrAccelPid),
-		accelState:  word32(mem, hdrAccelState),
-		accelPidNS:  word64(mem, hdrAccelPidNS),
-		accelHB:     word64(mem, hdrAccelHeartbeat),
-		completed:   word64(mem, hdrCompletedSeq),
-		executed:    word64(mem, hdrExecutedSeq),
-		accelIdle:   word32(mem, hdrAccelIdle),
+		completed:   word64(mem, acc+hdrCompletedSeq),
+		executed:    word64(mem, acc+hdrExecutedSeq),
+		accelIdle:   word32(mem, acc+hdrAccelIdle),
 		batchTail:   word64(mem, lay.batchRing+ringTail),
-		embedder:    newDoorbell(mem, hdrEmbedderBell),
-		batchBell:   newDoorbell(mem, hdrBatchBell),
-		stagingBell: newDoorbell(mem, hdrStagingBell),
+		embedder:    newSplitDoorbell(mem, lay.bell+bellWord, hdrEmbedderBell+bellWaiters),
+		batchBell:   newDoorbell(mem, acc+hdrBatchBell),
+		stagingBell: newDoorbell(mem, acc+hdrStagingBell),
 	}
+	s.useAccelPage()
 	for i := range s.execTable {
-		s.execTable[i] = word64(mem, hdrExecTable+8*i)
+		s.execTable[i] = word64(mem, acc+hdrExecTable+8*i)
 	}
 	s.lanes = make([]laneCtl, g.Lanes)
 	for i := range s.lanes {
@@ -421,22 +436,44 @@ func newSegment(path string, f *os.File, mem []byte, g Geometry, lay layout, gen
 	return s
 }
 
-// identify records the file's device and inode for Remove.
+// useAccelPage points the accelerator's words at the accelerator page,
+// where the accelerator writes them: the owner's and the accelerator's
+// view.
+func (s *Segment) useAccelPage() { s.pointAccel(s.lay.accel) }
+
+// useAccelMirror points them at the header's copy, the only one a
+// frontend maps.
+func (s *Segment) useAccelMirror() { s.pointAccel(0) }
+
+func (s *Segment) pointAccel(base int) {
+	s.accelPid = word32(s.mem, base+hdrAccelPid)
+	s.accelState = word32(s.mem, base+hdrAccelState)
+	s.accelPidNS = word64(s.mem, base+hdrAccelPidNS)
+	s.accelHB = word64(s.mem, base+hdrAccelHeartbeat)
+}
+
+// mirrorAccel copies the accelerator's liveness words into the header,
+// where frontends read them. Owner only; every beat. The state goes last,
+// so a frontend that sees "running" sees the pid it belongs to.
+func (s *Segment) mirrorAccel() {
+	m := s.mem
+	atomic.StoreUint32(word32(m, hdrAccelPid), atomic.LoadUint32(s.accelPid))
+	atomic.StoreUint64(word64(m, hdrAccelPidNS), atomic.LoadUint64(s.accelPidNS))
+	atomic.StoreUint64(word64(m, hdrAccelHeartbeat), atomic.LoadUint64(s.accelHB))
+	atomic.StoreUint32(word32(m, hdrAccelState), atomic.LoadUint32(s.accelState))
+}
+
+// identify records the socket's device and inode for Remove.
 func (s *Segment) identify() error {
-	if s.file == nil {
-		return nil
-	}
-	fi, err := s.file.Stat()
-	if err != nil {
+	var st unix.Stat_t
+	if err := unix.Stat(s.path, &st); err != nil {
 		return err
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		s.dev, s.ino = uint64(st.Dev), st.Ino
-	}
+	s.dev, s.ino = uint64(st.Dev), st.Ino
 	return nil
 }
 
-// Path is the segment file's path.
+// Path is the segment's path (its broker's socket).
 func (s *Segment) Path() string { return s.path }
 
 // Generation is the segment's generation.
@@ -464,9 +501,15 @@ func (s *Segment) Drain() error {
 	return nil
 }
 
-// Beat stamps the owner heartbeat. The owner calls it at least every
+// Beat stamps the owner heartbeat and refreshes the header's copy of the
+// accelerator's liveness words. The owner calls it at least every
 // DefaultHeartbeatInterval (see Heartbeat).
-func (s *Segment) Beat() { atomic.StoreUint64(s.ownerHB, uint64(monoNow())) }
+func (s *Segment) Beat() {
+	atomic.StoreUint64(s.ownerHB, uint64(monoNow()))
+	if s.owner {
+		s.mirrorAccel()
+	}
+}
 
 // Heartbeat beats as owner every interval (0: DefaultHeartbeatInterval)
 // while pulse is Live (nil: always), until ctx is done, and returns ctx's
@@ -543,6 +586,13 @@ func (s *Segment) peerAlive(pid uint32, pidNS, heartbeat uint64, staleAfter time
 // ErrAcceleratorPresent while another live accelerator holds the segment;
 // a dead or detached one is replaced.
 func (s *Segment) SetAccelerator(pid int) error {
+	// An attacher first needs the accelerator's memory from the broker,
+	// which refuses while a live accelerator holds the segment.
+	if s.cl != nil {
+		if err := s.becomeAccelerator(pid); err != nil {
+			return err
+		}
+	}
 	cur := atomic.LoadUint32(s.accelPid)
 	if cur != 0 && cur != uint32(pid) && atomic.LoadUint32(s.accelState) == accelRunning &&
 		s.peerAlive(cur, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), 0) == nil {
@@ -679,17 +729,16 @@ func (s *Segment) BatchBell() *Doorbell { return s.batchBell }
 func (s *Segment) StagingBell() *Doorbell { return s.stagingBell }
 
 // Close unmaps the segment. The owner first marks it closed, so attached
-// processes fail at once rather than waiting for the heartbeat to go stale;
-// an accelerator marks itself detached. Close does not remove the file (see
-// Remove). Every handle made from s, and every slice it returned, is invalid
-// afterwards: stop Heartbeat loops and the goroutines using handles first,
-// because touching unmapped memory is a fatal fault, not an error.
+// processes fail at once rather than waiting for the heartbeat to go stale,
+// and stops its broker; an accelerator marks itself detached. Close does
+// not remove the socket (see Remove). Every handle made from s, and every
+// slice it returned, is invalid afterwards: stop Heartbeat loops and the
+// goroutines using handles first, because touching unmapped memory is a
+// fatal fault, not an error.
 func (s *Segment) Close() error {
 	if s.mem == nil {
 		return fmt.Errorf("shm: close %s: already closed", s.path)
 	}
-	// The farewell words go into the mapping, which a truncated file no
-	// longer backs: that fault must not stop the unmap.
 	_ = GuardFaults(func() error {
 		if s.owner {
 			for {
@@ -700,41 +749,40 @@ func (s *Segment) Close() error {
 			}
 		}
 		s.DetachAccelerator()
+		if s.owner {
+			s.mirrorAccel()
+		}
 		return nil
 	})
-	err := unix.Munmap(s.mem)
-	s.mem = nil
-	if s.file != nil {
-		if cerr := s.file.Close(); err == nil {
-			err = cerr
-		}
+	// No lane is remapped after these: the mapping can go.
+	if s.br != nil {
+		s.br.stop()
 	}
+	if s.cl != nil {
+		s.cl.close()
+	}
+	s.mapMu.Lock()
+	var err error
+	if s.vm != nil {
+		err = s.vm.release()
+	} else {
+		err = unix.Munmap(s.mem)
+	}
+	s.mem = nil
+	s.mapMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("shm: close %s: %w", s.path, err)
 	}
 	return nil
 }
 
-// CheckFile reports ErrSegmentLost when the file behind the mapping no
-// longer covers it: anyone who may write the file can truncate it, and the
-// pages past the new end fault on their next access, which may be long
-// after (an idle lane). The owner checks now and then, so a truncated
-// generation is replaced at once rather than at the first unlucky touch.
-func (s *Segment) CheckFile() error {
-	if s.file == nil {
-		return nil
-	}
-	fi, err := s.file.Stat()
-	if err != nil {
-		return fmt.Errorf("shm: check %s: %w", s.path, err)
-	}
-	if fi.Size() < int64(len(s.mem)) {
-		return fmt.Errorf("%w: %s is %d bytes, the mapping %d", ErrSegmentLost, s.path, fi.Size(), len(s.mem))
-	}
-	return nil
-}
+// CheckFile reports whether the memory behind the mapping is still whole.
+// It always is: every memfd is sealed against shrinking (memfd.go), so no
+// process can cut it short the way a segment file could be truncated. The
+// method stays for callers that check now and then.
+func (s *Segment) CheckFile() error { return nil }
 
-// Remove unlinks the segment file if the path still names this segment; a
+// Remove unlinks the segment's socket if the path still names it; a
 // successor generation renamed over it is left alone. Mappings stay valid
 // until each process closes its own.
 func (s *Segment) Remove() error {
@@ -750,6 +798,30 @@ func (s *Segment) Remove() error {
 	}
 	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("shm: remove %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// checkRoom refuses a reserved segment larger than the free space of its
+// directory. Memfd pages are charged to the memory cgroup, not to the
+// directory's filesystem, but deployments size the segment's directory
+// for it (docker --shm-size, the Kubernetes emptyDir's sizeLimit): that
+// stays the knob, and a segment that does not fit is an error at start
+// naming it, as when the segment was a file there.
+func checkRoom(dir string, z sizes, lanes int) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	need := int64(z.lane) * int64(lanes)
+	for _, n := range z.shared {
+		need += int64(n)
+	}
+	if st.Bavail == ^uint64(0) {
+		return nil // no limit
+	}
+	if free := int64(st.Bavail) * st.Bsize; free < need {
+		return fmt.Errorf("reserve %d bytes: %s has %d bytes free: %w", need, dir, free, unix.ENOSPC)
 	}
 	return nil
 }

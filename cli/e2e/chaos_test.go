@@ -27,8 +27,9 @@ import (
 const chaosCallBound = 5 * time.Second
 
 // TestE2EChaos is make chaos: honest clients keep calling a real mesh
-// while a hostile frontend scribbles over its lane, commits garbage,
-// resizes the segment file and is SIGKILLed and restarted; meanwhile the
+// while a hostile frontend scribbles over its lane, commits garbage, tries
+// every way out of its lane (all must be refused, and it may cause no new
+// generation) and is SIGKILLed and restarted; meanwhile the
 // accelerator and then the embedder are stopped (SIGSTOP) for a while, and
 // NATS is taken away and brought back. Every honest call must succeed with
 // the reference's scores or fail with a defined code within its bound, and
@@ -63,23 +64,32 @@ func TestE2EChaos(t *testing.T) {
 	start := time.Now()
 
 	// The hostile frontend, killed and restarted every few seconds.
-	var hostileActions atomic.Int64
+	var hostileActions, hostileRefused atomic.Int64
 	hostileDone := make(chan struct{})
 	go func() {
 		defer close(hostileDone)
 		for i := 0; time.Since(start) < total; i++ {
 			life := time.Duration(3+i%4) * time.Second
-			runHostileProcess(t, segPath, pause, life+time.Second, uint64(i+1), life, &hostileActions)
+			runHostileProcess(t, segPath, pause, life+time.Second, uint64(i+1), life, &hostileActions, &hostileRefused)
 		}
 	}()
 
 	// Hangs and the control plane's outage.
 	at := func(frac float64) { time.Sleep(time.Until(start.Add(time.Duration(frac * float64(total))))) }
+	// Generations the embedder started: the hostile alone must cause
+	// none (only the accelerator's hang may), so honest lanes never have
+	// to move.
+	generations := func() int { return strings.Count(mesh["embedder"].out.String(), "segment ready") }
+	gens0 := generations()
 	var hangDetect time.Duration
 	at(0.3)
+	if g := generations(); g != gens0 {
+		t.Errorf("%d new generations while only the hostile frontend acted", g-gens0)
+	}
 	hangDetect = hang(t, l, pause, mesh["accelerator"], mesh["embedder"], "accelerator died", 3*time.Second)
 	at(0.55)
 	hang(t, l, pause, mesh["embedder"], nil, "", 3*time.Second)
+	gens1 := generations()
 	at(0.8)
 	l.window(true)
 	nats.Shutdown()
@@ -89,6 +99,9 @@ func TestE2EChaos(t *testing.T) {
 	<-hostileDone
 	l.stop()
 	nats.Shutdown()
+	if g := generations(); g != gens1 {
+		t.Errorf("%d new generations after the hangs, while only the hostile frontend and the NATS outage acted", g-gens1)
+	}
 
 	crashes := 0
 	for name, p := range mesh {
@@ -102,7 +115,7 @@ func TestE2EChaos(t *testing.T) {
 	outside, failures := l.failuresOutside()
 	line := fmt.Sprintf("chaos ok: honest_calls=%d honest_failed=%d wrong_scores=%d hostile_actions=%d peer_crashes=%d hang_detect_ms=%d max_call_ms=%d",
 		l.calls.Load(), l.failed.Load(), l.wrong.Load(), hostileActions.Load(), crashes, hangDetect.Milliseconds(), l.maxCall().Milliseconds())
-	t.Logf("failures by code (inside windows too): %v; outside the hang and kill windows: %d", failures, outside)
+	t.Logf("failures by code (inside windows too): %v; outside the hang and kill windows: %d; the hostile's escape attempts refused: %d", failures, outside, hostileRefused.Load())
 	switch {
 	case l.wrong.Load() != 0:
 		t.Errorf("%d honest calls got wrong scores", l.wrong.Load())
@@ -114,6 +127,8 @@ func TestE2EChaos(t *testing.T) {
 		t.Errorf("an honest call took %v, past its %v bound", l.maxCall(), chaosCallBound)
 	case hostileActions.Load() == 0:
 		t.Error("the hostile frontend did nothing")
+	case hostileRefused.Load() == 0:
+		t.Error("the hostile frontend never tried to leave its lane")
 	}
 	if t.Failed() || crashes != 0 {
 		t.Logf("chaos FAILED: %s", strings.TrimPrefix(line, "chaos ok: "))
@@ -181,8 +196,9 @@ func hang(t *testing.T, l *chaosLoad, pause string, p, watch *proc, logLine stri
 const fileResizeSettle = time.Second
 
 // runHostileProcess runs one life of the hostile frontend and SIGKILLs it
-// after life, adding its reported actions to actions.
-func runHostileProcess(t *testing.T, path, pause string, run time.Duration, seed uint64, life time.Duration, actions *atomic.Int64) {
+// after life, adding its reported actions to actions and its refused
+// escape attempts to refusals; a breach it reports fails the test.
+func runHostileProcess(t *testing.T, path, pause string, run time.Duration, seed uint64, life time.Duration, actions, refusals *atomic.Int64) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d,%d,%s", hostileEnv, path, int(run.Seconds()), seed, pause))
 	out, err := cmd.StdoutPipe()
@@ -201,6 +217,14 @@ func runHostileProcess(t *testing.T, path, pause string, run time.Duration, seed
 		defer close(done)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
+			if b, ok := strings.CutPrefix(sc.Text(), "breach "); ok {
+				t.Errorf("the hostile frontend was not refused: %s", b)
+				continue
+			}
+			if n, err := strconv.ParseInt(strings.TrimPrefix(sc.Text(), "refused "), 10, 64); err == nil {
+				refusals.Add(n)
+				continue
+			}
 			if n, err := strconv.ParseInt(strings.TrimPrefix(sc.Text(), "actions "), 10, 64); err == nil {
 				actions.Add(n - last)
 				last = n

@@ -1,7 +1,10 @@
 // Command ringbench measures the shared-memory lane between two real
-// processes: the parent is the frontend, a re-executed copy of itself is the
-// echo peer (embedder and accelerator roles: it reads each request and
-// completes it). Both sides spin, as they do under load.
+// processes: the parent owns the segment and is the echo peer (embedder and
+// accelerator roles: it reads each request and completes it), a re-executed
+// copy of itself is the frontend, which measures. Both sides spin, as they
+// do under load. (The roles are this way round because only the segment's
+// owner may wait on the embedder doorbell: its waiter count lives in the
+// header, which every other process maps read-only.)
 //
 // Phase 1 sends one request at a time and records every round trip
 // (Commit → peer reads → peer completes → frontend sees the completion).
@@ -14,7 +17,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -23,7 +25,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -46,12 +47,12 @@ func main() {
 		warmup = flag.Int("warmup", defaultWarmup, "unmeasured round trips first")
 		stream = flag.Int("stream", defaultStream, "request/response pairs in the streaming phase")
 		dir    = flag.String("dir", shm.DefaultDir, "directory for the segment file")
-		peer   = flag.String("peer", "", "internal: run as the echo peer of the segment at this path")
+		peer   = flag.String("peer", "", "internal: run as the frontend of the segment at this path")
 	)
 	flag.Parse()
 	var err error
 	if *peer != "" {
-		err = runPeer(*peer)
+		err = runFrontend(*peer, *trips, *warmup, *stream)
 	} else {
 		err = run(*dir, *trips, *warmup, *stream)
 	}
@@ -92,29 +93,56 @@ func run(dir string, trips, warmup, stream int) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(self, "-peer", seg.Path())
+	cmd := exec.Command(self, "-peer", seg.Path(), fmt.Sprintf("-trips=%d", trips), fmt.Sprintf("-warmup=%d", warmup), fmt.Sprintf("-stream=%d", stream))
+	cmd.Stdout = os.Stdout
 	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	defer func() {
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	served := make(chan error, 1)
+	sctx, stop := context.WithCancel(ctx)
+	go func() { served <- serve(sctx, seg) }()
+	var werr error
+	select {
+	case werr = <-exited:
+	case <-ctx.Done():
 		cmd.Process.Kill()
-		cmd.Wait()
-	}()
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
-		return fmt.Errorf("peer did not start: %q %v", line, err)
+		werr = <-exited
 	}
+	stop()
+	if err := <-served; err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	if werr != nil {
+		return fmt.Errorf("frontend: %w", werr)
+	}
+	return nil
+}
 
+// runFrontend attaches to the segment at path, claims its only lane and
+// measures: one request at a time, then every slot in flight.
+func runFrontend(path string, trips, warmup, stream int) error {
+	seg, err := shm.Attach(path, shm.AttachOptions{})
+	if err != nil {
+		return err
+	}
+	defer seg.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	lane, err := seg.ClaimLane(os.Getpid())
 	if err != nil {
 		return err
 	}
+	beats := make(chan struct{})
+	go func() {
+		defer close(beats)
+		lane.Heartbeat(ctx, 0)
+	}()
+	defer func() { cancel(); <-beats }() // stop beating before Close unmaps
 	lane.Bell().SetSpin(peerSpin)
-
+	g := seg.Geometry()
 	// Phase 1: one at a time.
 	slot, _, err := lane.Claim(1, 64)
 	if err != nil {
@@ -176,24 +204,10 @@ func run(dir string, trips, warmup, stream int) error {
 	return nil
 }
 
-// runPeer serves the segment's only lane until the owner goes away:
-// every request is completed at once, completions published in batches.
-func runPeer(path string) error {
-	seg, err := shm.Attach(path, shm.AttachOptions{})
-	if err != nil {
-		return err
-	}
-	defer seg.Close()
-	if err := seg.SetAccelerator(os.Getpid()); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	beats := make(chan struct{})
-	go func() {
-		defer close(beats)
-		seg.AcceleratorHeartbeat(ctx, 0, nil)
-	}()
-	defer func() { cancel(); <-beats }() // stop beating before Close unmaps
+// serve is the echo peer: it serves the segment's only lane, as the
+// owner, until ctx is done; every request is completed at once,
+// completions published in batches.
+func serve(ctx context.Context, seg *shm.Segment) error {
 	rr, err := seg.RequestReader(0)
 	if err != nil {
 		return err
@@ -204,7 +218,6 @@ func runPeer(path string) error {
 	}
 	bell := seg.EmbedderBell()
 	bell.SetSpin(peerSpin)
-	fmt.Println("ready")
 	for {
 		for {
 			req, ok, err := rr.Next()
@@ -219,17 +232,8 @@ func runPeer(path string) error {
 			}
 		}
 		cw.Flush()
-		got, err := bell.Wait(ctx, rr.Pending, shm.DefaultLivenessTick)
-		if err != nil {
+		if _, err := bell.Wait(ctx, rr.Pending, shm.DefaultLivenessTick); err != nil {
 			return err
-		}
-		if !got {
-			if err := seg.OwnerAlive(0); err != nil {
-				if errors.Is(err, shm.ErrClosed) {
-					return nil
-				}
-				return err
-			}
 		}
 	}
 }
