@@ -57,7 +57,8 @@ type Options struct {
 // tracing. Tracing is on when OTEL_TRACES_EXPORTER=otlp or an
 // OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set, off otherwise or when
 // OTEL_SDK_DISABLED=true; the sampler follows OTEL_TRACES_SAMPLER(_ARG)
-// (default parentbased_always_on) through the SDK's own environment reading.
+// (default parentbased_always_on), and a span linking a sampled span is
+// always sampled (linkedSampler), so batches show in their requests' traces.
 func New(ctx context.Context, service string, opts Options) (*Telemetry, error) {
 	level := opts.LogLevel
 	if v := os.Getenv("RECMESH_LOG_LEVEL"); v != "" {
@@ -82,7 +83,11 @@ func New(ctx context.Context, service string, opts Options) (*Telemetry, error) 
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: resource: %w", err)
 	}
-	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	sampler, err := samplerFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithSampler(sampler)}
 	if opts.SpanProcessor != nil {
 		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(opts.SpanProcessor))
 	} else {
