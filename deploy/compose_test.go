@@ -15,7 +15,11 @@ import (
 )
 
 // The compose services the deployment is made of.
-var composeServices = []string{"nats", "bundle", "embedder", "accelerator", "frontend", "jaeger", "prometheus", "grafana"}
+var composeServices = []string{"nats", "bundle", "mesh", "embedder", "accelerator", "frontend", "jaeger", "prometheus", "grafana"}
+
+// meshService holds the namespaces the mesh processes share (recmesh
+// pause), so that any of them can be restarted into the same ones.
+const meshService = "mesh"
 
 // Segment geometry (see shm): each lane has a 32 MiB arena, and there are
 // two staging buffers of about 57 MiB.
@@ -54,22 +58,30 @@ func TestComposeServices(t *testing.T) {
 		t.Errorf("frontend has container_name %q: --scale frontend=N needs none", fe.ContainerName)
 	}
 	if len(fe.Ports) != 0 {
-		t.Errorf("frontend publishes ports %v: replicas share the embedder's published port", fe.Ports)
+		t.Errorf("frontend publishes ports %v: replicas share the mesh service's published port", fe.Ports)
 	}
+	// Every mesh process joins the namespaces of the holder, none of
+	// another process: a restarted embedder must come back into the same
+	// IPC (segment), pid (liveness) and network (port) namespaces.
 	for what, got := range map[string]string{"ipc": fe.Ipc, "network_mode": fe.NetworkMode, "pid": fe.Pid} {
-		if got != "service:embedder" {
-			t.Errorf("frontend %s is %q; want service:embedder", what, got)
+		if got != "service:"+meshService {
+			t.Errorf("frontend %s is %q; want service:%s", what, got, meshService)
 		}
 	}
-	acc := p.Services["accelerator"]
-	if acc.Ipc != "service:embedder" || acc.Pid != "service:embedder" {
-		t.Errorf("accelerator ipc %q pid %q; want both service:embedder", acc.Ipc, acc.Pid)
+	for _, name := range []string{"accelerator", "embedder"} {
+		if s := p.Services[name]; s.Ipc != "service:"+meshService || s.Pid != "service:"+meshService {
+			t.Errorf("%s ipc %q pid %q; want both service:%s", name, s.Ipc, s.Pid, meshService)
+		}
 	}
 
-	emb := p.Services["embedder"]
-	if emb.Ipc != "shareable" {
-		t.Errorf("embedder ipc is %q; want shareable", emb.Ipc)
+	mesh := p.Services[meshService]
+	if cmd := strings.Join(mesh.Command, " "); cmd != "pause" || len(mesh.Entrypoint) != 1 || !strings.HasSuffix(mesh.Entrypoint[0], "/recmesh") {
+		t.Errorf("mesh runs %v %v; want recmesh pause", mesh.Entrypoint, mesh.Command)
 	}
+	if mesh.Ipc != "shareable" {
+		t.Errorf("mesh ipc is %q; want shareable", mesh.Ipc)
+	}
+	emb := p.Services["embedder"]
 	lanes := defaultLaneCount
 	if v := env(emb, "RECMESH_LANES"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -79,21 +91,21 @@ func TestComposeServices(t *testing.T) {
 		lanes = n
 	}
 	// The embedder reserves each generation whole, and a rollout holds two.
-	if need := 2 * segmentBytes(lanes); int64(emb.ShmSize) < need {
-		t.Errorf("embedder shm_size %d bytes is less than two %d-lane segments' %d (a rollout)", emb.ShmSize, lanes, need)
+	if need := 2 * segmentBytes(lanes); int64(mesh.ShmSize) < need {
+		t.Errorf("mesh shm_size %d bytes is less than two %d-lane segments' %d (a rollout)", mesh.ShmSize, lanes, need)
 	}
-	// The frontends listen in the embedder's network namespace, so the
-	// embedder publishes their port.
+	// The frontends listen in the mesh service's network namespace, so it
+	// publishes their port.
 	fePort, err := strconv.Atoi(env(fe, "RECMESH_PORT"))
 	if err != nil {
 		t.Fatalf("frontend RECMESH_PORT: %v", err)
 	}
 	published := false
-	for _, port := range emb.Ports {
+	for _, port := range mesh.Ports {
 		published = published || port.Target == uint32(fePort)
 	}
 	if !published {
-		t.Errorf("embedder publishes %v; want the frontends' port %d", emb.Ports, fePort)
+		t.Errorf("mesh publishes %v; want the frontends' port %d", mesh.Ports, fePort)
 	}
 
 	// Every process reads the same bundle, which the bundle service writes.
@@ -139,6 +151,13 @@ func TestComposeReadiness(t *testing.T) {
 				continue
 			}
 			switch d.Condition {
+			case types.ServiceConditionStarted:
+				// Joining a service's namespaces (network_mode, ipc, pid:
+				// service:X) waits for it to run, which is all the
+				// namespace holder does.
+				if dep != meshService {
+					t.Errorf("%s depends on %s with condition %q; want service_healthy or service_completed_successfully", name, dep, d.Condition)
+				}
 			case types.ServiceConditionHealthy:
 				if !hasHealthcheck(target) {
 					t.Errorf("%s waits for %s to be healthy, which has no health check", name, dep)
@@ -154,7 +173,7 @@ func TestComposeReadiness(t *testing.T) {
 		}
 	}
 	for name, s := range p.Services {
-		if !hasHealthcheck(s) && !awaitedDone[name] {
+		if !hasHealthcheck(s) && !awaitedDone[name] && name != meshService {
 			t.Errorf("%s has no health check and no service waits for it to complete", name)
 		}
 	}
@@ -454,7 +473,7 @@ func TestComposeEBPF(t *testing.T) {
 }
 
 // hardenedServices are the compose services that run a recmesh binary.
-var hardenedServices = []string{"bundle", "nats-identities", Embedder, Accelerator, Frontend}
+var hardenedServices = []string{"bundle", "nats-identities", meshService, Embedder, Accelerator, Frontend}
 
 // checkHardened: s runs with every capability dropped but those in capAdd,
 // a read-only root file system and no-new-privileges.
@@ -515,7 +534,7 @@ func TestComposeHardening(t *testing.T) {
 		fePort := env(p.Services[Frontend], "RECMESH_PORT")
 		for name, s := range p.Services {
 			for _, port := range s.Ports {
-				inference := name == Embedder && strconv.Itoa(int(port.Target)) == fePort
+				inference := name == meshService && strconv.Itoa(int(port.Target)) == fePort
 				if inference {
 					continue // the service itself: published on every interface
 				}
@@ -534,7 +553,7 @@ func TestComposeHardening(t *testing.T) {
 			t.Errorf("%s ports %+v; want %d on 127.0.0.1", name, s.Ports, want)
 		}
 	}
-	for _, name := range []string{"nats", Accelerator, Frontend, "bundle"} {
+	for _, name := range []string{"nats", Embedder, Accelerator, Frontend, "bundle"} {
 		if ports := p.Services[name].Ports; len(ports) != 0 {
 			t.Errorf("%s publishes %+v; want nothing", name, ports)
 		}
