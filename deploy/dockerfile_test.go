@@ -497,3 +497,36 @@ ENTRYPOINT ["/usr/local/bin/x"]
 		t.Errorf("ENTRYPOINT runs a copied binary, yet:\n%s", got)
 	}
 }
+
+// TestDockerfilesShareBuildStage: the three images' build stages are the
+// same text, so a builder's cache compiles the binaries once for all three
+// (the classic builder has no cache mounts to fall back on), and none of
+// them uses a BuildKit-only instruction flag, which the classic builder
+// (an engine without buildx) refuses.
+func TestDockerfilesShareBuildStage(t *testing.T) {
+	var first, firstPath string
+	for _, df := range dockerfiles {
+		b, err := os.ReadFile(filepath.Join(repoRoot(t), df.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(b)
+		if strings.Contains(s, "--mount=") || strings.HasPrefix(s, "# syntax=") {
+			t.Errorf("%s uses RUN --mount or a # syntax= line: the classic builder cannot build it, and an offline BuildKit cannot fetch the syntax image", df.file)
+		}
+		start := strings.Index(s, "FROM ${GO_IMAGE} AS build\n")
+		if start < 0 {
+			t.Errorf("%s has no \"FROM ${GO_IMAGE} AS build\" stage", df.file)
+			continue
+		}
+		stage := s[start:]
+		if end := strings.Index(stage[1:], "\nFROM "); end >= 0 {
+			stage = stage[:end+1]
+		}
+		if first == "" {
+			first, firstPath = stage, df.file
+		} else if stage != first {
+			t.Errorf("%s's build stage differs from %s's:\n%s\nwant\n%s", df.file, firstPath, stage, first)
+		}
+	}
+}

@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # recmesh accelerator: runs the dense network through a PJRT plugin that it
 # dlopens, so it is built with cgo and runs on a glibc base. The plugin comes
 # from its PyPI wheel; the PJRT build argument picks which:
@@ -16,6 +14,11 @@
 #   docker build -f deploy/docker/accelerator.Dockerfile -t recmesh/accelerator:dev .
 #   docker build -f deploy/docker/accelerator.Dockerfile --build-arg PJRT=cuda \
 #       -t recmesh/accelerator:dev-cuda .
+#
+# The classic builder (an engine without buildx) runs every stage up to its
+# target in file order, needed or not, so the CPU image's stages come first
+# and CUDA's after them: build with --target accelerator-cpu (compose does)
+# or --target accelerator-cuda there, and the other plugin is never fetched.
 
 ARG GO_IMAGE=golang:1.26-bookworm
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
@@ -26,25 +29,17 @@ FROM ${GO_IMAGE} AS build
 WORKDIR /src
 ENV GOFLAGS=-buildvcs=false
 COPY . .
-# The accelerator needs cgo (the plugin is dlopened); the CLI, used as the
-# health check, is static.
-RUN --mount=type=cache,target=/go/pkg/mod \
-    --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=1 go build -trimpath -ldflags="-s -w" -o /out/ ./accelerator/cmd/accelerator \
-    && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cli/cmd/recmesh
+# This build stage is the same, byte for byte, in the three recmesh
+# Dockerfiles (deploy/dockerfile_test.go checks it): builders cache a step by
+# its text and inputs, so the second and third image reuse the binaries the
+# first one built. The accelerator needs cgo (it dlopens the PJRT plugin);
+# the others are static.
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cli/cmd/recmesh ./embedder/cmd/embedder ./frontend/cmd/frontend \
+    && CGO_ENABLED=1 go build -trimpath -ldflags="-s -w" -o /out/ ./accelerator/cmd/accelerator
 
 FROM ${PYTHON_IMAGE} AS pjrt-cpu
 RUN pip install --no-cache-dir --disable-pip-version-check --target /opt/pjrt xla-cpu-pjrt==0.0.1 \
     && test -f /opt/pjrt/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so
-
-FROM ${PYTHON_IMAGE} AS pjrt-cuda
-# jax-cuda13-plugin is installed only for its with-cuda extra, which pins the
-# CUDA 13 library wheels (cuBLAS, cuDNN, CUPTI, NVRTC, the runtime) into
-# nvidia/cu13/lib and nvidia/cudnn/lib, where xla_gpu_pjrt.so's RUNPATH
-# looks.
-RUN pip install --no-cache-dir --disable-pip-version-check --target /opt/pjrt \
-       xla-cuda13-pjrt==0.0.1 "jax-cuda13-plugin[with-cuda]==0.12.0.1" \
-    && test -f /opt/pjrt/xla_plugins/xla_cuda13_pjrt/xla_gpu_pjrt.so
 
 FROM ${RUNTIME_IMAGE} AS runtime
 # The same uid as distroless "nonroot" in the frontend image, so the three
@@ -70,6 +65,15 @@ CMD ["serve"]
 FROM runtime AS accelerator-cpu
 COPY --from=pjrt-cpu /opt/pjrt /opt/pjrt
 ENV RECMESH_PJRT_PLUGIN=/opt/pjrt/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so
+
+FROM ${PYTHON_IMAGE} AS pjrt-cuda
+# jax-cuda13-plugin is installed only for its with-cuda extra, which pins the
+# CUDA 13 library wheels (cuBLAS, cuDNN, CUPTI, NVRTC, the runtime) into
+# nvidia/cu13/lib and nvidia/cudnn/lib, where xla_gpu_pjrt.so's RUNPATH
+# looks.
+RUN pip install --no-cache-dir --disable-pip-version-check --target /opt/pjrt \
+       xla-cuda13-pjrt==0.0.1 "jax-cuda13-plugin[with-cuda]==0.12.0.1" \
+    && test -f /opt/pjrt/xla_plugins/xla_cuda13_pjrt/xla_gpu_pjrt.so
 
 FROM runtime AS accelerator-cuda
 COPY --from=pjrt-cuda /opt/pjrt /opt/pjrt

@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # recmesh embedder: holds the embedding tables, owns the shared-memory
 # segment. Static Go binaries (no cgo) on Debian slim, which also gives the
 # bundle exporter step (compose's "bundle" service, the Kubernetes init
@@ -13,11 +11,15 @@ ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 FROM ${GO_IMAGE} AS build
 WORKDIR /src
-ENV CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+ENV GOFLAGS=-buildvcs=false
 COPY . .
-RUN --mount=type=cache,target=/go/pkg/mod \
-    --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags="-s -w" -o /out/ ./embedder/cmd/embedder ./cli/cmd/recmesh
+# This build stage is the same, byte for byte, in the three recmesh
+# Dockerfiles (deploy/dockerfile_test.go checks it): builders cache a step by
+# its text and inputs, so the second and third image reuse the binaries the
+# first one built. The accelerator needs cgo (it dlopens the PJRT plugin);
+# the others are static.
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cli/cmd/recmesh ./embedder/cmd/embedder ./frontend/cmd/frontend \
+    && CGO_ENABLED=1 go build -trimpath -ldflags="-s -w" -o /out/ ./accelerator/cmd/accelerator
 
 FROM ${RUNTIME_IMAGE}
 # The same uid as distroless "nonroot" in the frontend image. /data is where

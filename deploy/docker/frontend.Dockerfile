@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # recmesh frontend: the Open Inference Protocol v2 gRPC server. Static Go
 # binaries (no cgo) on a distroless base, running as a non-root user.
 #
@@ -11,11 +9,15 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/static-debian12:nonroot
 
 FROM ${GO_IMAGE} AS build
 WORKDIR /src
-ENV CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+ENV GOFLAGS=-buildvcs=false
 COPY . .
-RUN --mount=type=cache,target=/go/pkg/mod \
-    --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags="-s -w" -o /out/ ./frontend/cmd/frontend ./cli/cmd/recmesh
+# This build stage is the same, byte for byte, in the three recmesh
+# Dockerfiles (deploy/dockerfile_test.go checks it): builders cache a step by
+# its text and inputs, so the second and third image reuse the binaries the
+# first one built. The accelerator needs cgo (it dlopens the PJRT plugin);
+# the others are static.
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cli/cmd/recmesh ./embedder/cmd/embedder ./frontend/cmd/frontend \
+    && CGO_ENABLED=1 go build -trimpath -ldflags="-s -w" -o /out/ ./accelerator/cmd/accelerator
 
 FROM ${RUNTIME_IMAGE}
 COPY --from=build /out/frontend /out/recmesh /usr/local/bin/
