@@ -43,49 +43,56 @@ func loadWorkload(t *testing.T) *workload {
 	t.Helper()
 	dir := exportBundle(t)
 	workOnce.Do(func() {
-		b, err := model.Open(dir)
-		if err != nil {
-			workErr = err
-			return
-		}
-		defer b.Close()
-		ref, err := model.NewReference(b)
-		if err != nil {
-			workErr = err
-			return
-		}
-		work.cfg = b.Config
-		seed := uint64(1)
-		for round := 0; round < 2; round++ {
-			for _, n := range requestSizes {
-				dense, sparse := model.RandomInputs(b.Config, seed, n)
-				seed++
-				typ := oip.TypeINT32
-				if round == 1 {
-					typ = oip.TypeINT64
-				}
-				req, err := oip.BuildRequest("dlrm", b.Config, dense, sparse, n, typ)
-				if err != nil {
-					workErr = err
-					return
-				}
-				want, err := ref.Predict(dense, sparse, n)
-				if err != nil {
-					workErr = err
-					return
-				}
-				work.reqs = append(work.reqs, req)
-				work.n = append(work.n, n)
-				work.want = append(work.want, want)
-				work.dense = append(work.dense, dense)
-				work.sparse = append(work.sparse, sparse)
-			}
+		var w *workload
+		if w, workErr = buildWorkload(dir); workErr == nil {
+			work = *w
 		}
 	})
 	if workErr != nil {
 		t.Fatal(workErr)
 	}
 	return &work
+}
+
+// buildWorkload makes the requests of every size in requestSizes, twice
+// (INT32 and INT64 ids), with their scores from the reference model of the
+// bundle in dir.
+func buildWorkload(dir string) (*workload, error) {
+	b, err := model.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	ref, err := model.NewReference(b)
+	if err != nil {
+		return nil, err
+	}
+	w := &workload{cfg: b.Config}
+	seed := uint64(1)
+	for round := 0; round < 2; round++ {
+		for _, n := range requestSizes {
+			dense, sparse := model.RandomInputs(b.Config, seed, n)
+			seed++
+			typ := oip.TypeINT32
+			if round == 1 {
+				typ = oip.TypeINT64
+			}
+			req, err := oip.BuildRequest("dlrm", b.Config, dense, sparse, n, typ)
+			if err != nil {
+				return nil, err
+			}
+			want, err := ref.Predict(dense, sparse, n)
+			if err != nil {
+				return nil, err
+			}
+			w.reqs = append(w.reqs, req)
+			w.n = append(w.n, n)
+			w.want = append(w.want, want)
+			w.dense = append(w.dense, dense)
+			w.sparse = append(w.sparse, sparse)
+		}
+	}
+	return w, nil
 }
 
 // drive sends every request of w from clients goroutines, each over its

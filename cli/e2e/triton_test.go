@@ -23,9 +23,41 @@ func TestE2ETritonClient(t *testing.T) {
 	c := newCluster(t, "full")
 	c.startMesh(1)
 
+	got, want := runTritonClient(t, py, root, exportBundle(t), w.cfg, c.addr())
+	if !got.ServerLive || !got.ModelReady || got.Model.Name != "dlrm" {
+		t.Errorf("live %v, model ready %v, metadata name %q", got.ServerLive, got.ModelReady, got.Model.Name)
+	}
+	for name, s := range map[string][]float32{"raw INT32": got.RawINT32.Scores, "raw INT64": got.RawINT64.Scores, "typed INT32": got.TypedINT32.Scores} {
+		if len(s) != len(want) || maxAbsDiff(s, want) > 1e-4 {
+			t.Errorf("%s: scores %v, reference %v", name, s, want)
+		}
+	}
+	if got.Invalid == nil || got.Invalid.Status != "StatusCode.INVALID_ARGUMENT" {
+		t.Errorf("an id outside its table came back as %+v, want INVALID_ARGUMENT", got.Invalid)
+	}
+}
+
+// tritonResult is what frontend/testdata/triton_client.py prints.
+type tritonResult struct {
+	ServerLive bool `json:"server_live"`
+	ModelReady bool `json:"model_ready"`
+	Model      struct {
+		Name string `json:"name"`
+	} `json:"model_metadata"`
+	RawINT32   struct{ Scores []float32 } `json:"raw_INT32"`
+	RawINT64   struct{ Scores []float32 } `json:"raw_INT64"`
+	TypedINT32 struct{ Scores []float32 } `json:"typed_INT32"`
+	Invalid    *struct{ Status string }   `json:"invalid"`
+}
+
+// runTritonClient runs Triton's own Python client against addr with four
+// random examples and returns what it got with the scores the reference of
+// the bundle in dir gives for them.
+func runTritonClient(t *testing.T, py, root, dir string, cfg model.Config, addr string) (tritonResult, []float32) {
+	t.Helper()
 	const n = 4
-	dense, sparse := model.RandomInputs(w.cfg, 7, n)
-	b, err := model.Open(exportBundle(t))
+	dense, sparse := model.RandomInputs(cfg, 7, n)
+	b, err := model.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,41 +77,19 @@ func TestE2ETritonClient(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, py, filepath.Join(root, "frontend", "testdata", "triton_client.py"), "--url", c.addr(), "--inputs", inputs)
+	cmd := exec.CommandContext(ctx, py, filepath.Join(root, "frontend", "testdata", "triton_client.py"), "--url", addr, "--inputs", inputs)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("triton_client.py: %v\n%s", err, stderr.String())
 	}
-	var got struct {
-		ServerLive bool `json:"server_live"`
-		ModelReady bool `json:"model_ready"`
-		Model      struct {
-			Name string `json:"name"`
-		} `json:"model_metadata"`
-		RawINT32   struct{ Scores []float32 } `json:"raw_INT32"`
-		RawINT64   struct{ Scores []float32 } `json:"raw_INT64"`
-		TypedINT32 struct{ Scores []float32 } `json:"typed_INT32"`
-		Invalid    *struct{ Status string }   `json:"invalid"`
-	}
+	var got tritonResult
 	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
 		t.Fatalf("triton_client.py printed %q: %v", stdout.String(), err)
 	}
-	if !got.ServerLive || !got.ModelReady || got.Model.Name != "dlrm" {
-		t.Errorf("live %v, model ready %v, metadata name %q", got.ServerLive, got.ModelReady, got.Model.Name)
-	}
-	for name, s := range map[string][]float32{"raw INT32": got.RawINT32.Scores, "raw INT64": got.RawINT64.Scores, "typed INT32": got.TypedINT32.Scores} {
-		if len(s) != n || maxAbsDiff(s, want) > 1e-4 {
-			t.Errorf("%s: scores %v, reference %v", name, s, want)
-		}
-	}
-	if got.Invalid == nil || got.Invalid.Status != "StatusCode.INVALID_ARGUMENT" {
-		t.Errorf("an id outside its table came back as %+v, want INVALID_ARGUMENT", got.Invalid)
-	}
+	return got, want
 }
 
-// clientPython is the venv's python, which has tritonclient, and the
-// workspace root; without the venv the test skips, except under CI.
 func clientPython(t *testing.T) (py, root string) {
 	t.Helper()
 	root, err := workspaceRoot()
