@@ -419,14 +419,24 @@ func spread(t *testing.T, s *Server, pool *oip.Pool, cfg model.Config, children 
 	if res.Errors != 0 || res.OK == 0 {
 		t.Errorf("load run: ok %d errors %v (%s)", res.OK, res.ErrorsByCode, res.FirstError)
 	}
-	busy := map[int]bool{}
+	// A process that served requests used CPU time; an idle Python process
+	// uses next to none (0.000 s over the window in every run here). The
+	// floor is low because a loaded machine starves everyone: a 50 ms floor
+	// failed twice in full-suite runs on a busy machine, where a frontend's
+	// share can fall well below the 0.17-0.31 s it uses with one build
+	// running beside it.
 	for _, pr := range rep.Processes {
 		t.Logf("process %d %s: cpu %.3f s, rss %d MiB", pr.PID, pr.Comm, pr.CPUSeconds, pr.PeakRSSBytes>>20)
-		busy[pr.PID] = pr.CPUSeconds >= 0.05
 	}
 	for _, pid := range children {
-		if !busy[pid] {
-			t.Errorf("process %d served no load", pid)
+		cpu := -1.0
+		for _, pr := range rep.Processes {
+			if pr.PID == pid {
+				cpu = pr.CPUSeconds
+			}
+		}
+		if cpu < 0.01 {
+			t.Errorf("process %d served no load: cpu %.3f s in the window (-1: not seen)", pid, cpu)
 		}
 	}
 }
