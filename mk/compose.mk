@@ -53,15 +53,17 @@ images: compose-tools compose-engine
 	$(IMAGES_COMPOSE) build $(COMPOSE_SERVICES_BUILT) > $(COMPOSE_DIR)/build.log 2>&1 || { tail -n 40 $(COMPOSE_DIR)/build.log; echo "images: failed (whole log in .deps/compose/build.log)"; exit 1; }
 	@docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^recmesh/'
 
-# eBPF steering where this machine allows it (root and a bpffs), the kernel's
-# hash otherwise; the test checks every frontend reports the mode expected.
-COMPOSE_STEERING ?= $(if $(and $(filter 0,$(shell id -u)),$(shell mountpoint -q /sys/fs/bpf && echo y)),ebpf,kernel-hash)
-COMPOSE_TEST_FILES = compose.yaml$(if $(filter ebpf,$(COMPOSE_STEERING)),:deploy/compose.ebpf.yaml)
+# eBPF steering where this machine and engine allow it, the kernel's hash
+# otherwise (deploy/local/steering-mode.sh says why); COMPOSE_STEERING=…
+# forces one. The test checks every frontend reports the mode expected.
+COMPOSE_STEERING ?=
 
 ## compose-test: the engine stays up only if it was running before.
 compose-test: deps images
-	@rc=0; RECMESH_COMPOSE_TEST=1 RECMESH_COMPOSE="$(COMPOSE_BIN)" RECMESH_COMPOSE_FILES="$(COMPOSE_TEST_FILES)" \
-		RECMESH_COMPOSE_STEERING=$(COMPOSE_STEERING) \
+	@rc=0; steering=$(COMPOSE_STEERING); [ -n "$$steering" ] || steering=$$(deploy/local/steering-mode.sh); \
+	files=compose.yaml; [ "$$steering" = ebpf ] && files=compose.yaml:deploy/compose.ebpf.yaml; \
+	echo "compose-test: steering $$steering, files $$files"; \
+	RECMESH_COMPOSE_TEST=1 RECMESH_COMPOSE="$(COMPOSE_BIN)" RECMESH_COMPOSE_FILES="$$files" RECMESH_COMPOSE_STEERING=$$steering \
 		$(GO) test -count=1 -timeout 40m -run '^TestCompose$$' -v ./cli/e2e/ > $(COMPOSE_DIR)/compose-test.log 2>&1 || rc=$$?; \
 	deploy/local/engine.sh stop $(COMPOSE_DIR); \
 	if [ $$rc != 0 ]; then tail -n 80 $(COMPOSE_DIR)/compose-test.log; echo "compose-test: failed (whole log in .deps/compose/compose-test.log)"; exit 1; fi
