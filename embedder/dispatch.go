@@ -32,7 +32,6 @@ type dispatcher struct {
 	held                     shm.Request // a request read but not yet placed
 	hasHeld                  bool
 	next                     int // lane to read first in the next round
-	accelSeen                bool
 	lastReclaim, lastMetrics time.Time
 	hasWork                  func() bool
 	laneLbl                  []string
@@ -195,9 +194,10 @@ func (d *dispatcher) housekeeping(now time.Time) error {
 	if _, err := d.seg.ReclaimLanes(0); err != nil {
 		d.e.log.Warn("reclaim lanes", "err", err)
 	}
-	if err := d.seg.AcceleratorAlive(0); err == nil {
-		d.accelSeen = true
-	} else if d.accelSeen && !errors.Is(err, shm.ErrNoAccelerator) {
+	// Any state but "none" means an accelerator attached to this (fresh)
+	// generation, so one that attached and died between two checks is a
+	// death too, not something to wait out.
+	if err := d.seg.AcceleratorAlive(0); err != nil && !errors.Is(err, shm.ErrNoAccelerator) {
 		return errAcceleratorGone
 	}
 	if d.e.opts.Mode == batch.SLO {
@@ -220,9 +220,6 @@ func (d *dispatcher) housekeeping(now time.Time) error {
 	}
 	if now.Sub(d.lastMetrics) >= metricsInterval {
 		d.lastMetrics = now
-		if err := d.seg.CheckFile(); err != nil {
-			return err
-		}
 		inUse, depth := 0, 0
 		ringCap := float64(d.seg.Geometry().RingCapacity)
 		for _, l := range d.seg.Lanes() {

@@ -342,8 +342,8 @@ func (e *Embedder) serveGenerations(ctx context.Context, r *running) error {
 				e.log.Info("generation drained", "generation", g.seg.Generation(), "err", end.err)
 				continue
 			}
-			// Whatever ended the generation, the accelerator's death or a
-			// segment someone corrupted or truncated, the process lives on:
+			// Whatever ended the generation, the accelerator's death or
+			// corrupt shared words, the process lives on:
 			// a new generation takes over, and frontends and the
 			// accelerator re-attach to it. Back off while generations keep
 			// failing fast.
@@ -540,9 +540,9 @@ func (e *Embedder) serve(ctx context.Context, g *generation) error {
 		delete(e.pulses, pulse)
 		e.mu.Unlock()
 	}()
-	// Every goroutine that touches the mapping guards against faults: a
-	// process that truncates the segment file ends this generation (the
-	// first fault is its error), never the embedder.
+	// Every goroutine that touches the mapping guards against faults, the
+	// last line behind the sealed memfds: a fault ends this generation
+	// (the first fault is its error), never the embedder.
 	var fault atomic.Pointer[error]
 	guard := func(fn func() error) {
 		if err := shm.GuardFaults(fn); errors.Is(err, shm.ErrSegmentLost) {

@@ -31,15 +31,15 @@ func TestRunClosesGenerationsOnEveryExit(t *testing.T) {
 	}{
 		{name: "cancel", end: func(t *testing.T, x exitRig) { x.cancel() }},
 		{
-			// Generation 2 fails (its file is truncated under it) and its
-			// successor cannot be created (the directory is gone): a fatal
-			// error, with generation 1 still draining.
+			// Generation 2 fails (its accelerator goes) and its successor
+			// cannot be created (the directory is gone): a fatal error,
+			// with generation 1 still draining.
 			name: "fatal",
 			end: func(t *testing.T, x exitRig) {
 				if err := os.RemoveAll(x.dir); err != nil {
 					t.Fatal(err)
 				}
-				truncate(t, x.file2)
+				x.gen2.DetachAccelerator()
 			},
 			wantErr: true,
 		},
@@ -48,7 +48,7 @@ func TestRunClosesGenerationsOnEveryExit(t *testing.T) {
 			// start the next one (or just after it did).
 			name: "cancel-after-failure",
 			end: func(t *testing.T, x exitRig) {
-				truncate(t, x.file2)
+				x.gen2.DetachAccelerator()
 				waitUntil(t, "generation 2 to close", func() bool { return state(t, x.gen2) == shm.StateClosed })
 				x.cancel()
 			},
@@ -85,17 +85,18 @@ func TestRunClosesGenerationsOnEveryExit(t *testing.T) {
 				t.Fatalf("after the rollout generation %d serves, want 2", g)
 			}
 			gen2 := attachSegment(t, path)
-			store2 := e.Store()
-			f, err := os.OpenFile(path, os.O_RDWR, 0)
-			if err != nil {
+			// This test is generation 2's accelerator, so that its
+			// leaving ends the generation as an accelerator's death does
+			// (the segment's memory cannot be cut short to fail it).
+			if err := gen2.SetAccelerator(os.Getpid()); err != nil {
 				t.Fatal(err)
 			}
-			defer f.Close()
+			store2 := e.Store()
 			if st := gen1.State(); st != shm.StateDraining {
 				t.Fatalf("generation 1 is %v after the rollout, want draining", st)
 			}
 
-			exit.end(t, exitRig{cancel: cancel, dir: dir, gen2: gen2, file2: f})
+			exit.end(t, exitRig{cancel: cancel, dir: dir, gen2: gen2})
 			select {
 			case err := <-runErr:
 				if exit.wantErr && err == nil {
@@ -135,27 +136,16 @@ func TestRunClosesGenerationsOnEveryExit(t *testing.T) {
 	}
 }
 
-// truncate cuts a segment file to its first page: the header stays
-// readable, the rest of the mapping faults, and the owner's file check
-// fails.
-func truncate(t *testing.T, f *os.File) {
-	t.Helper()
-	if err := f.Truncate(shm.PageSize); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // exitRig is what a way of ending Run works with: generation 2's
-// segment, as this test maps it, and its file, opened for writing.
+// segment, as this test maps it (as its accelerator).
 type exitRig struct {
 	cancel context.CancelFunc
 	dir    string
 	gen2   *shm.Segment
-	file2  *os.File
 }
 
-// state reads a segment's state word. The header page survives truncate,
-// but a fault must fail the test, not kill it.
+// state reads a segment's state word; a fault must fail the test, not
+// kill it.
 func state(t *testing.T, seg *shm.Segment) shm.State {
 	t.Helper()
 	var st shm.State

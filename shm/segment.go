@@ -776,12 +776,6 @@ func (s *Segment) Close() error {
 	return nil
 }
 
-// CheckFile reports whether the memory behind the mapping is still whole.
-// It always is: every memfd is sealed against shrinking (memfd.go), so no
-// process can cut it short the way a segment file could be truncated. The
-// method stays for callers that check now and then.
-func (s *Segment) CheckFile() error { return nil }
-
 // Remove unlinks the segment's socket if the path still names it; a
 // successor generation renamed over it is left alone. Mappings stay valid
 // until each process closes its own.
