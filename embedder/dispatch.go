@@ -41,6 +41,9 @@ type dispatcher struct {
 	// lookupNanos and lookupExamples are the embedder's lookup totals at
 	// the last cost update (SLO mode).
 	lookupNanos, lookupExamples int64
+	// sleptIdle is whether the device was idle when the dispatcher last
+	// computed how long to sleep.
+	sleptIdle bool
 }
 
 // errDrained ends a replaced generation once nothing is left in it.
@@ -112,12 +115,18 @@ func (d *dispatcher) zeroWait() bool {
 	return d.e.opts.Mode == batch.Model || d.e.opts.Mode == batch.SLO
 }
 
-// wake is the embedder doorbell's condition.
+// wake is the embedder doorbell's condition: requests to read, or the
+// device idle with a batch to seal. A device that went idle while the
+// dispatcher slept also wakes it, so an SLO batch waiting for its fill
+// size gets the timer of an idle device (see run).
 func (d *dispatcher) wake() bool {
 	if d.seg.RequestsPending() {
 		return true
 	}
-	return d.open != nil && d.zeroWait() && d.idle()
+	if d.open == nil || !d.zeroWait() || !d.idle() {
+		return false
+	}
+	return !d.sleptIdle || d.batcher.ShouldSeal(time.Now(), true)
 }
 
 // deviceIdle reads the device idle signal and, when it is set, tells the
@@ -175,8 +184,10 @@ func (d *dispatcher) run(ctx context.Context) error {
 			continue
 		}
 		timeout := shm.DefaultLivenessTick
-		if dl, ok := d.batcher.Deadline(); ok {
-			if w := time.Until(dl); w < timeout {
+		now = time.Now()
+		d.sleptIdle = d.idle()
+		if dl, ok := d.batcher.Deadline(now, d.sleptIdle); ok {
+			if w := dl.Sub(now); w < timeout {
 				timeout = max(w, 0)
 			}
 		}
@@ -204,6 +215,11 @@ func (d *dispatcher) housekeeping(now time.Time) error {
 		// The frontends count the calls they served and those that missed
 		// the target: the margin follows what the plans actually gave.
 		d.e.m.sloMargin.Set(d.batcher.Feedback(d.seg.ServedCalls()).Seconds())
+		overloaded := 0.0
+		if d.batcher.Overloaded() {
+			overloaded = 1
+		}
+		d.e.m.sloOverloaded.Set(overloaded)
 	}
 	if d.g.replaced.Load() {
 		if d.drainStart.IsZero() {

@@ -23,6 +23,7 @@ type metrics struct {
 	// recmesh_embedder_batch_examples.
 	predictedExec prometheus.Histogram
 	sloMargin     prometheus.Gauge
+	sloOverloaded prometheus.Gauge
 	// genFailures counts generations that ended on an error of their own
 	// (a corrupt or truncated segment), not the accelerator's death.
 	genFailures prometheus.Counter
@@ -85,6 +86,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "recmesh_embedder_slo_margin_seconds",
 			Help: "SLO mode: the part of the latency target kept back from batch plans, moved by the share of served calls that missed the target.",
 		}),
+		sloOverloaded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "recmesh_embedder_slo_overloaded",
+			Help: "SLO mode: 1 while admission control sheds (every request predicted to miss the budget for a whole overload window), else 0.",
+		}),
 		genFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "recmesh_embedder_generation_failures_total",
 			Help: "Segment generations that failed on their own (a corrupt or truncated segment) and were replaced by a new one.",
@@ -96,7 +101,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.requests, m.queueWait, m.arrivalWait, m.lookup, m.batch, m.queueDepth, m.occupancy,
-		m.lanesInUse, m.hugeFraction, m.generation, m.tableBytes, m.predictedExec, m.sloMargin, m.genFailures)
+		m.lanesInUse, m.hugeFraction, m.generation, m.tableBytes, m.predictedExec, m.sloMargin, m.sloOverloaded, m.genFailures)
 	m.reqOK = m.requests.WithLabelValues("ok")
 	m.reqInvalid = m.requests.WithLabelValues("invalid")
 	m.reqExpired = m.requests.WithLabelValues("expired")

@@ -8,6 +8,7 @@ package batch
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -25,16 +26,27 @@ const (
 	// Full merges lookups and model calls: a batch stays open for the batch
 	// window (or until full), then all of it is looked up and run at once.
 	Full
-	// SLO is Model's zero-wait merger bounded by the latency target: each
+	// SLO sizes batches for throughput within the latency target: each
 	// request is looked up as it arrives (so the next batch's lookups run
-	// while the device executes the current one), the batch is sealed the
-	// moment the device is idle, and while the device is busy it grows only
+	// while the device executes the current one). When the device is idle
+	// the batch is sealed once it holds the fill size, the smallest bucket
+	// the device runs at least as fast as examples arrive (measured), so
+	// batches keep up with the load; at light load that is one request and
+	// SLO mode is a zero-wait merger. A batch short of the fill size waits
+	// only while its oldest request could still finish within the budget.
+	// While the device is busy the batch grows only
 	// as long as its oldest request (counted from when its frontend
 	// received it), waiting for the device and then for the expected
 	// execution time of the larger bucket, still finishes within the
-	// budget: the target less a margin that follows how many served calls
-	// missed the target (Feedback). A request that would miss the budget
-	// even in a batch of its own is shed before lookup (admission control).
+	// budget (the target less a margin that follows how many served calls
+	// missed the target: Feedback), and as long as a request arriving just
+	// after it is sealed could still finish within the budget in a batch
+	// of its own. Under sustained overload, once every request for a whole
+	// OverloadWindow was predicted to miss the budget, requests predicted
+	// to miss it are shed before lookup (admission control, after CoDel's
+	// standing-queue rule), until predictions stay on time for a window
+	// again; a request that cannot meet its own gRPC deadline is always
+	// shed.
 	SLO
 )
 
@@ -73,6 +85,10 @@ const (
 	DefaultWindow   = time.Millisecond
 	// DefaultLatencyTarget is the end-to-end p99 budget SLO mode keeps.
 	DefaultLatencyTarget = 20 * time.Millisecond
+	// DefaultOverloadWindow is how long predicted misses must last before
+	// SLO mode sheds: CoDel's interval, long enough that scheduling noise
+	// and a burst are served late rather than refused.
+	DefaultOverloadWindow = 100 * time.Millisecond
 )
 
 // Options configure a Batcher. Zero fields take the defaults.
@@ -99,6 +115,10 @@ type Options struct {
 	// the calls the frontends served, between a twentieth and a half of
 	// the target. Default a tenth of the target.
 	Margin time.Duration
+	// OverloadWindow is how long every request must be predicted to miss
+	// the budget before SLO mode starts shedding, and how long predictions
+	// must stay on time before it stops. Default 100 ms.
+	OverloadWindow time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -117,6 +137,9 @@ func (o Options) withDefaults() Options {
 	if o.Margin <= 0 || o.Margin >= o.LatencyTarget {
 		o.Margin = o.LatencyTarget / 10
 	}
+	if o.OverloadWindow <= 0 {
+		o.OverloadWindow = DefaultOverloadWindow
+	}
 	return o
 }
 
@@ -134,6 +157,77 @@ type Batcher struct {
 	// margin is the part of the target kept back now (see Feedback).
 	margin time.Duration
 	fb     feedback
+	ov     overload
+	rate   arrivalRate
+}
+
+// arrivalRate estimates the offered load in examples per second: counts
+// over windows of rateWindow, blended into a moving average that forgets
+// by rateWeight per window (also across windows without arrivals).
+type arrivalRate struct {
+	start    time.Time
+	examples int
+	perSec   float64
+}
+
+const (
+	rateWindow = 20 * time.Millisecond
+	rateWeight = 0.25
+)
+
+func (r *arrivalRate) add(n int, now time.Time) {
+	if r.start.IsZero() {
+		r.start = now
+	}
+	r.roll(now)
+	r.examples += n
+}
+
+// roll closes the current window once it is rateWindow long.
+func (r *arrivalRate) roll(now time.Time) {
+	el := now.Sub(r.start)
+	if el < rateWindow {
+		return
+	}
+	windows := float64(el) / float64(rateWindow)
+	keep := math.Pow(1-rateWeight, windows)
+	r.perSec = keep*r.perSec + (1-keep)*float64(r.examples)/el.Seconds()
+	r.start, r.examples = now, 0
+}
+
+// overload is admission control's state: SLO mode sheds only while
+// predicted misses are standing, not for one late request.
+type overload struct {
+	shedding bool
+	// lateSince starts an unbroken run of requests predicted to miss the
+	// budget, onTimeSince one predicted on time (zero: no such run).
+	lateSince, onTimeSince time.Time
+}
+
+// observe records one prediction at now and reports whether the mesh is
+// overloaded: it becomes so once predictions have missed for a whole
+// window and stops once they have been on time for one.
+func (o *overload) observe(late bool, now time.Time, window time.Duration) bool {
+	if late {
+		o.onTimeSince = time.Time{}
+		if o.lateSince.IsZero() {
+			o.lateSince = now
+		}
+		if now.Sub(o.lateSince) >= window {
+			o.shedding = true
+		}
+		return o.shedding
+	}
+	o.lateSince = time.Time{}
+	if o.shedding {
+		if o.onTimeSince.IsZero() {
+			o.onTimeSince = now
+		}
+		if now.Sub(o.onTimeSince) >= window {
+			o.shedding, o.onTimeSince = false, time.Time{}
+		}
+	}
+	return o.shedding
 }
 
 // feedback is the state of the margin's control loop.
@@ -149,7 +243,10 @@ type feedback struct {
 // them missed the target, and shrinks by a hundredth of the target when
 // fewer than half as many did. Growing fast and shrinking slowly keeps the
 // p99 under the target through a load change at the price of a slightly
-// smaller batch in steady state.
+// smaller batch in steady state. It stays between a twentieth and a
+// quarter of the target: misses that come from overload, not from what
+// the plan leaves out, would otherwise push it up until batches shrink,
+// throughput falls and more calls miss.
 const (
 	feedbackWindow = 200
 	missTarget     = 0.01 // the target is a p99
@@ -189,7 +286,7 @@ func (b *Batcher) Feedback(calls, misses uint64) time.Duration {
 	f.wCalls, f.wMiss = 0, 0
 	switch {
 	case ratio > missTarget:
-		b.margin = min(b.margin+b.margin/2+target/50, target/2)
+		b.margin = min(b.margin+b.margin/2+target/50, target/4)
 	case ratio < missTarget/2:
 		b.margin = max(b.margin-target/100, target/20)
 	}
@@ -209,8 +306,9 @@ func (b *Batcher) Options() Options { return b.opts }
 // join the open batch. A request that does not fit means: seal the open
 // batch, then add it to the next one. n is at most MaxBatch (frontends
 // refuse larger requests). In SLO mode a request also does not fit when
-// the larger batch would make the batch's oldest request (it included)
-// miss the budget.
+// the larger batch would leave no time for a request arriving after it,
+// or would make the batch's oldest request (it included) miss the budget
+// that it would make without it.
 func (b *Batcher) Fits(n int, arrival, now time.Time) bool {
 	if b.entries == 0 {
 		return true
@@ -222,14 +320,20 @@ func (b *Batcher) Fits(n int, arrival, now time.Time) bool {
 		return false
 	}
 	if b.opts.Mode == SLO && n > 0 {
-		// A batch that runs longer than half the budget makes every request
-		// that arrives while it runs miss: it waits for this batch, then
-		// runs in its own. So a batch grows only to half the budget's
-		// execution time (a request alone may take longer).
-		if b.costs.Exec(b.rows+n) > b.budget()/2 {
+		// A request that arrives just after this batch is sealed waits for
+		// it, then runs in a batch of its own: the batch grows only while
+		// that request could still make the budget.
+		if !b.leavesRoom(b.rows + n) {
 			return false
 		}
-		return !b.finish(b.rows+n, n, now).After(earliest(b.first, arrival).Add(b.budget()))
+		if !b.finish(b.rows+n, n, now).After(earliest(b.first, arrival).Add(b.budget())) {
+			return true
+		}
+		// Late with the request. If the oldest was late without it too,
+		// it joins anyway: on its own it would queue behind this batch
+		// and finish later still, and a train of small batches is what
+		// turns a late moment into a standing queue.
+		return b.finish(b.rows, 0, now).After(b.first.Add(b.budget()))
 	}
 	return true
 }
@@ -239,6 +343,15 @@ func earliest(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// leavesRoom reports whether a batch of rows examples leaves a request that
+// arrives just after it is sealed time to finish within the target in a
+// batch of its own: it waits for this batch, then runs. Both execution
+// times are high quantiles, so the sum is held to the target, not to the
+// budget, which would count the margin a second time.
+func (b *Batcher) leavesRoom(rows int) bool {
+	return b.costs.Exec(rows)+b.costs.Lookup(1)+b.costs.Exec(1) <= b.opts.LatencyTarget
 }
 
 // budget is the part of the latency target the embedder plans with.
@@ -259,39 +372,49 @@ func (b *Batcher) finish(rows, pending int, now time.Time) time.Time {
 
 // Admit is SLO mode's admission control for a request of n examples that
 // arrived at arrival and must finish by deadline (zero: no deadline of its
-// own): false when, behind the work already queued, it would miss the
-// budget (the target less the margin) or its deadline even where it goes
-// next (the open batch if it Fits, else a new batch behind it). A request
-// with nothing ahead of it is
-// always admitted, even one too large to finish in time on an idle device:
-// shedding it would spare no one else any waiting, and the frontends count
-// it as a budget miss instead. Other modes admit everything. Call it
-// before Fits and Add.
+// own), decided at now. It predicts when the request would finish where it
+// goes next (the open batch if it Fits, else a new batch behind it) and
+// refuses it when that is past its own deadline, or past the budget (the
+// target less the margin) while the mesh is overloaded: every request
+// predicted to miss the budget for a whole OverloadWindow. Outside
+// overload a request predicted late is served late (one slow batch or a
+// burst is not a reason to refuse work). A request with nothing ahead of
+// it is always admitted, even one too large to finish in time on an idle
+// device: shedding it would spare no one else any waiting, and the
+// frontends count it as a budget miss instead. Other modes admit
+// everything. Call it before Fits and Add.
 func (b *Batcher) Admit(n int, arrival, deadline, now time.Time) bool {
 	if b.opts.Mode != SLO || n <= 0 {
 		return true
 	}
+	b.rate.add(n, now)
+	var end time.Time
 	if b.entries > 0 && b.Fits(n, arrival, now) {
 		// Fits kept the oldest request, which arrived no later than this
-		// one, within the budget; only this one's own deadline can fail.
-		return deadline.IsZero() || !b.finish(b.rows+n, n, now).After(deadline)
+		// one, within the budget: this one is on time too.
+		end = b.finish(b.rows+n, n, now)
+	} else {
+		// A batch of its own, started once the open batch (if any) and the
+		// device's queue are done.
+		free := b.deviceFree
+		if b.entries > 0 {
+			free = b.finish(b.rows, 0, now)
+		}
+		if !free.After(now.Add(b.costs.Lookup(n))) {
+			b.ov.observe(false, now, b.opts.OverloadWindow)
+			return true // nothing ahead of it
+		}
+		end = free.Add(b.costs.Exec(n))
 	}
-	// A batch of its own, started once the open batch (if any) and the
-	// device's queue are done.
-	free := b.deviceFree
-	if b.entries > 0 {
-		free = b.finish(b.rows, 0, now)
-	}
-	start := now.Add(b.costs.Lookup(n))
-	if !free.After(start) {
-		return true // nothing ahead of it
-	}
-	end := free.Add(b.costs.Exec(n))
-	if end.After(arrival.Add(b.budget())) {
+	late := end.After(arrival.Add(b.budget()))
+	if b.ov.observe(late, now, b.opts.OverloadWindow) && late {
 		return false
 	}
 	return deadline.IsZero() || !end.After(deadline)
 }
+
+// Overloaded reports whether admission control is shedding.
+func (b *Batcher) Overloaded() bool { return b.ov.shedding }
 
 // DeviceIdle tells the Batcher the device has nothing left to run.
 func (b *Batcher) DeviceIdle(now time.Time) {
@@ -341,20 +464,67 @@ func (b *Batcher) ShouldSeal(now time.Time, deviceIdle bool) bool {
 	switch b.opts.Mode {
 	case None:
 		return true
-	case Model, SLO:
+	case Model:
 		return deviceIdle
+	case SLO:
+		return deviceIdle && (b.rows >= b.FillSize(now) || !now.Before(b.sealBy()))
 	default:
 		return !now.Before(b.first.Add(b.opts.Window))
 	}
 }
 
+// FillSize is the batch size SLO mode waits for while the device is idle:
+// the smallest power of two the device runs at least as fast as examples
+// arrive (rate × execution time ≤ size), so batches of it keep up with
+// the load, and no larger than a batch that leaves a request arriving
+// after it time to make the budget. 1 at light load or before anything
+// is measured.
+func (b *Batcher) FillSize(now time.Time) int {
+	b.rate.roll(now)
+	return b.fill()
+}
+
+func (b *Batcher) fill() int {
+	if b.rate.perSec <= 0 {
+		return 1
+	}
+	size := 1
+	for ; size < b.opts.MaxBatch; size *= 2 {
+		e := b.costs.Exec(size)
+		if e == 0 || b.rate.perSec*e.Seconds() <= float64(size) {
+			return size
+		}
+		if !b.leavesRoom(2 * size) {
+			return size
+		}
+	}
+	return b.opts.MaxBatch
+}
+
+// sealBy is the latest moment a waiting SLO batch can be sealed at its
+// fill size and still finish within its oldest request's budget.
+func (b *Batcher) sealBy() time.Time {
+	fill := max(b.fill(), b.rows)
+	return b.first.Add(b.budget() - b.costs.Exec(fill) - b.costs.Lookup(fill-b.rows))
+}
+
 // Deadline is when the open batch must be sealed even if nothing else
-// arrives (Full mode's window); ok is false when no timer is needed.
-func (b *Batcher) Deadline() (t time.Time, ok bool) {
-	if b.entries == 0 || b.opts.Mode != Full {
+// arrives: Full mode's window, or, while the device is idle, when an SLO
+// batch short of its fill size stops waiting. ok is false when no timer
+// is needed.
+func (b *Batcher) Deadline(now time.Time, deviceIdle bool) (t time.Time, ok bool) {
+	if b.entries == 0 {
 		return time.Time{}, false
 	}
-	return b.first.Add(b.opts.Window), true
+	switch b.opts.Mode {
+	case Full:
+		return b.first.Add(b.opts.Window), true
+	case SLO:
+		if deviceIdle && b.rows < b.FillSize(now) {
+			return b.sealBy(), true
+		}
+	}
+	return time.Time{}, false
 }
 
 // Reset starts a new, empty batch (after the open one was sealed).
@@ -388,11 +558,12 @@ func (c *Costs) SetExec(bucket int, d time.Duration) {
 // SetLookup sets the lookups' wall time per example.
 func (c *Costs) SetLookup(perExample time.Duration) { c.lookupPerExample = max(perExample, 0) }
 
-// Exec is the expected execution time of a batch of rows examples: its
-// power-of-two bucket's, or, when that bucket has no estimate yet, the
-// nearest larger one's (a larger bucket is never faster), or failing that
-// the largest smaller one's scaled by size (execution is at most linear in
-// the bucket beyond the per-call cost). 0 when nothing is known.
+// Exec is the expected execution time of a batch of rows examples: the
+// least estimate of its power-of-two bucket and every larger one (a larger
+// bucket is never faster, so a smaller bucket's higher estimate is stale
+// or noise: it runs rarely, or ran on a busy core), or failing that the
+// largest smaller one's scaled by size (execution is at most linear in the
+// bucket beyond the per-call cost). 0 when nothing is known.
 func (c *Costs) Exec(rows int) time.Duration {
 	if rows <= 0 {
 		return 0
@@ -401,13 +572,14 @@ func (c *Costs) Exec(rows int) time.Duration {
 	for 1<<i < rows && i < maxBuckets-1 {
 		i++
 	}
-	if d := c.exec[i]; d > 0 {
-		return d
-	}
-	for j := i + 1; j < maxBuckets; j++ {
-		if d := c.exec[j]; d > 0 {
-			return d
+	var least time.Duration
+	for j := i; j < maxBuckets; j++ {
+		if d := c.exec[j]; d > 0 && (least == 0 || d < least) {
+			least = d
 		}
+	}
+	if least > 0 {
+		return least
 	}
 	for j := i - 1; j >= 0; j-- {
 		if d := c.exec[j]; d > 0 {
