@@ -491,15 +491,28 @@ func (b *Batcher) fill() int {
 	size := 1
 	for ; size < b.opts.MaxBatch; size *= 2 {
 		e := b.costs.Exec(size)
-		if e == 0 || b.rate.perSec*e.Seconds() <= float64(size) {
+		if e == 0 {
 			return size
 		}
-		if !b.leavesRoom(2 * size) {
+		keepsUp := b.rate.perSec*e.Seconds() <= float64(size)
+		// Past keeping up, a larger batch still saves the per-call work
+		// of the device and of every process woken per batch (host CPU,
+		// and on the CPU plugin the device's own core): worth up to
+		// fillWait of the budget spent gathering and running it.
+		next := 2 * size
+		gather := time.Duration(float64(next-1) / b.rate.perSec * float64(time.Second))
+		cheaper := gather+b.costs.Exec(next) <= b.budget()/fillWait
+		if keepsUp && !cheaper || !b.leavesRoom(next) {
 			return size
 		}
 	}
 	return b.opts.MaxBatch
 }
+
+// fillWait: a batch grows past the size that keeps up with the load only
+// while gathering and running it take at most this fraction (1/fillWait)
+// of the budget.
+const fillWait = 4
 
 // sealBy is the latest moment a waiting SLO batch can be sealed at its
 // fill size and still finish within its oldest request's budget.

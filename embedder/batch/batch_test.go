@@ -455,3 +455,24 @@ func TestSLOWaitsForTheFillSize(t *testing.T) {
 		t.Fatalf("fill size %d at 10,000 examples/s, want 16 (the largest that leaves room)", got)
 	}
 }
+
+// TestSLOFillSizeSavesPerCallWork: where even a batch of 1 keeps up (a
+// cheap dense network), the batch still grows while gathering and running
+// it take at most a quarter of the budget, to save the per-call work.
+func TestSLOFillSizeSavesPerCallWork(t *testing.T) {
+	c := &Costs{}
+	for bucket := 1; bucket <= 4096; bucket *= 2 {
+		c.SetExec(bucket, 500*time.Microsecond)
+	}
+	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond}, c)
+	now := t0
+	for range 5000 {
+		b.Admit(1, now, time.Time{}, now)
+		now = now.Add(100 * time.Microsecond)
+	}
+	// 10,000 examples/s and a 16 ms budget: 32 examples gather in 3.1 ms
+	// and run in 0.5 ms, within 4 ms; 64 would take 6.8 ms.
+	if got := b.FillSize(now); got != 32 {
+		t.Fatalf("fill size %d, want 32", got)
+	}
+}
