@@ -42,7 +42,7 @@ const (
 	// missed the target: Feedback), and as long as a request arriving just
 	// after it is sealed could still finish within the budget in a batch
 	// of its own. Under sustained overload, once every request for a whole
-	// OverloadWindow was predicted to miss the budget, requests predicted
+	// OverloadWindow was predicted to miss the target, requests predicted
 	// to miss it are shed before lookup (admission control, after CoDel's
 	// standing-queue rule), until predictions stay on time for a window
 	// again; a request that cannot meet its own gRPC deadline is always
@@ -159,6 +159,19 @@ type Batcher struct {
 	fb     feedback
 	ov     overload
 	rate   arrivalRate
+	// busyArrivals: a request arrived while the device was running the
+	// last sealed batch (before, of the one before); prevEntries is how
+	// many requests that batch held. A batch on an idle device waits for
+	// more only when more are on their way: arrivals independent of the
+	// answers (requests come in while the device runs), or the callers of
+	// a larger batch just answered, asking again. A single client that
+	// waits for each answer never sends while the device runs its
+	// request, and waiting for a second request would only stall it.
+	busyArrivals, busyArrivalsBefore bool
+	prevEntries                      int
+	// idle is the device's state as last told (DeviceIdle, Sealed): the
+	// predicted deviceFree runs early whenever a batch runs long.
+	idle bool
 }
 
 // arrivalRate estimates the offered load in examples per second: counts
@@ -200,8 +213,12 @@ func (r *arrivalRate) roll(now time.Time) {
 type overload struct {
 	shedding bool
 	// lateSince starts an unbroken run of requests predicted to miss the
-	// budget, onTimeSince one predicted on time (zero: no such run).
+	// target, onTimeSince one predicted on time (zero: no such run).
 	lateSince, onTimeSince time.Time
+	// drops counts the late requests shed in this overload; the next may
+	// be shed at nextDrop (CoDel's control law).
+	drops    int
+	nextDrop time.Time
 }
 
 // observe records one prediction at now and reports whether the mesh is
@@ -213,8 +230,8 @@ func (o *overload) observe(late bool, now time.Time, window time.Duration) bool 
 		if o.lateSince.IsZero() {
 			o.lateSince = now
 		}
-		if now.Sub(o.lateSince) >= window {
-			o.shedding = true
+		if !o.shedding && now.Sub(o.lateSince) >= window {
+			o.shedding, o.drops, o.nextDrop = true, 0, now
 		}
 		return o.shedding
 	}
@@ -228,6 +245,21 @@ func (o *overload) observe(late bool, now time.Time, window time.Duration) bool 
 		}
 	}
 	return o.shedding
+}
+
+// drop reports whether a late request arriving at now during an overload
+// is shed: the first at once, then each after window/√drops, so shedding
+// grows until it matches the excess load. Shedding every late request at
+// once would, under clients that ask again as soon as they are refused,
+// turn one slow batch into a storm of refusals that keeps every later
+// prediction late.
+func (o *overload) drop(now time.Time, window time.Duration) bool {
+	if now.Before(o.nextDrop) {
+		return false
+	}
+	o.drops++
+	o.nextDrop = now.Add(time.Duration(float64(window) / math.Sqrt(float64(o.drops))))
+	return true
 }
 
 // feedback is the state of the margin's control loop.
@@ -259,7 +291,7 @@ func New(opts Options, costs *Costs) *Batcher {
 	if costs == nil {
 		costs = &Costs{}
 	}
-	b := &Batcher{opts: opts.withDefaults(), costs: costs}
+	b := &Batcher{opts: opts.withDefaults(), costs: costs, idle: true}
 	b.margin = b.opts.Margin
 	return b
 }
@@ -374,9 +406,9 @@ func (b *Batcher) finish(rows, pending int, now time.Time) time.Time {
 // arrived at arrival and must finish by deadline (zero: no deadline of its
 // own), decided at now. It predicts when the request would finish where it
 // goes next (the open batch if it Fits, else a new batch behind it) and
-// refuses it when that is past its own deadline, or past the budget (the
-// target less the margin) while the mesh is overloaded: every request
-// predicted to miss the budget for a whole OverloadWindow. Outside
+// refuses it when that is past its own deadline, or past the latency
+// target while the mesh is overloaded: every request predicted to miss the
+// target for a whole OverloadWindow. Outside
 // overload a request predicted late is served late (one slow batch or a
 // burst is not a reason to refuse work). A request with nothing ahead of
 // it is always admitted, even one too large to finish in time on an idle
@@ -388,6 +420,9 @@ func (b *Batcher) Admit(n int, arrival, deadline, now time.Time) bool {
 		return true
 	}
 	b.rate.add(n, now)
+	if !b.idle {
+		b.busyArrivals = true
+	}
 	var end time.Time
 	if b.entries > 0 && b.Fits(n, arrival, now) {
 		// Fits kept the oldest request, which arrived no later than this
@@ -406,9 +441,16 @@ func (b *Batcher) Admit(n int, arrival, deadline, now time.Time) bool {
 		}
 		end = free.Add(b.costs.Exec(n))
 	}
-	late := end.After(arrival.Add(b.budget()))
+	// Shedding refuses work, so it is for requests that miss the target
+	// itself: the margin is the batch plans' reserve, not a reason to
+	// refuse a request that would still be answered in time.
+	late := end.After(arrival.Add(b.opts.LatencyTarget))
 	if b.ov.observe(late, now, b.opts.OverloadWindow) && late {
-		return false
+		// A request that would take twice the target is refused at once;
+		// one only late, at the rate the overload has earned.
+		if end.After(arrival.Add(2*b.opts.LatencyTarget)) || b.ov.drop(now, b.opts.OverloadWindow) {
+			return false
+		}
 	}
 	return deadline.IsZero() || !end.After(deadline)
 }
@@ -421,6 +463,7 @@ func (b *Batcher) DeviceIdle(now time.Time) {
 	if b.deviceFree.After(now) {
 		b.deviceFree = now
 	}
+	b.idle = true
 }
 
 // Sealed records that the open batch went to the device at now, so later
@@ -432,6 +475,8 @@ func (b *Batcher) Sealed(now time.Time) (predicted time.Duration) {
 	}
 	predicted = b.costs.Exec(b.rows)
 	b.deviceFree = b.finish(b.rows, 0, now)
+	b.busyArrivalsBefore, b.busyArrivals = b.busyArrivals, false
+	b.prevEntries, b.idle = b.entries, false
 	return predicted
 }
 
@@ -467,7 +512,8 @@ func (b *Batcher) ShouldSeal(now time.Time, deviceIdle bool) bool {
 	case Model:
 		return deviceIdle
 	case SLO:
-		return deviceIdle && (b.rows >= b.FillSize(now) || !now.Before(b.sealBy()))
+		_, wait := b.waitUntil(now)
+		return deviceIdle && !wait
 	default:
 		return !now.Before(b.first.Add(b.opts.Window))
 	}
@@ -514,6 +560,18 @@ func (b *Batcher) fill() int {
 // of the budget.
 const fillWait = 4
 
+// waitUntil reports whether an SLO batch on an idle device waits at now
+// for more requests, and until when: while it is short of the fill size,
+// more are on their way (see busyArrivals) and its oldest request can
+// still afford to wait (sealBy).
+func (b *Batcher) waitUntil(now time.Time) (time.Time, bool) {
+	coming := b.busyArrivals || b.busyArrivalsBefore || b.entries < b.prevEntries
+	if by := b.sealBy(); coming && b.rows < b.FillSize(now) && now.Before(by) {
+		return by, true
+	}
+	return time.Time{}, false
+}
+
 // sealBy is the latest moment a waiting SLO batch can be sealed at its
 // fill size and still finish within its oldest request's budget.
 func (b *Batcher) sealBy() time.Time {
@@ -533,8 +591,8 @@ func (b *Batcher) Deadline(now time.Time, deviceIdle bool) (t time.Time, ok bool
 	case Full:
 		return b.first.Add(b.opts.Window), true
 	case SLO:
-		if deviceIdle && b.rows < b.FillSize(now) {
-			return b.sealBy(), true
+		if deviceIdle {
+			return b.waitUntil(now)
 		}
 	}
 	return time.Time{}, false

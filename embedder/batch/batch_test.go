@@ -217,7 +217,7 @@ func TestSLOAdmissionControl(t *testing.T) {
 	// requests that would miss the budget are shed.
 	at := t0.Add(window)
 	if b.Admit(1, at, time.Time{}, at) {
-		t.Fatal("admitted a request that cannot start for 237 ms under a 16 ms budget after a window of misses")
+		t.Fatal("admitted a request that cannot start for 237 ms under a 20 ms target after a window of misses")
 	}
 	if !b.Overloaded() {
 		t.Fatal("not overloaded after a window of late predictions")
@@ -246,14 +246,23 @@ func TestSLOAdmissionControl(t *testing.T) {
 	}
 	// Still within a window of the last late prediction, the mesh counts
 	// as overloaded: a request that already waited most of its budget away
-	// (stamped by its frontend 14 ms ago) is shed, since behind the queued
-	// batch it would finish 16.17 ms after it arrived, past the 16 ms
-	// budget. One stamped 13 ms ago still fits.
-	if b.Admit(1, later.Add(-14*time.Millisecond), time.Time{}, later) {
+	// (stamped by its frontend 18 ms ago) is shed, since behind the queued
+	// batch it would finish 20.17 ms after it arrived, past the 20 ms
+	// target. One stamped 17 ms ago still makes it.
+	if b.Admit(1, later.Add(-18*time.Millisecond), time.Time{}, later) {
 		t.Fatal("admitted a request that had already used its budget while overloaded")
 	}
-	if !b.Admit(1, later.Add(-13*time.Millisecond), time.Time{}, later) {
-		t.Fatal("shed a request that can still finish within the budget")
+	// Shedding is paced (CoDel's control law): the next merely late
+	// request right after is served late, while one that would take twice
+	// the target is still refused.
+	if !b.Admit(1, later.Add(-18*time.Millisecond), time.Time{}, later) {
+		t.Fatal("shed two late requests in a row: shedding is not paced")
+	}
+	if b.Admit(1, later.Add(-39*time.Millisecond), time.Time{}, later) {
+		t.Fatal("admitted a request that would take twice the target")
+	}
+	if !b.Admit(1, later.Add(-17*time.Millisecond), time.Time{}, later) {
+		t.Fatal("shed a request that can still finish within the target")
 	}
 	// A window of on-time predictions ends the overload: the same late
 	// request is then served late instead of shed.
@@ -265,7 +274,7 @@ func TestSLOAdmissionControl(t *testing.T) {
 	if !b.Admit(1, calm, time.Time{}, calm) || b.Overloaded() {
 		t.Fatal("still overloaded after a window of on-time predictions")
 	}
-	if !b.Admit(1, calm.Add(-14*time.Millisecond), time.Time{}, calm) {
+	if !b.Admit(1, calm.Add(-18*time.Millisecond), time.Time{}, calm) {
 		t.Fatal("shed a late request outside overload")
 	}
 	// Other modes never shed, and nothing is shed before estimates exist.
@@ -420,6 +429,21 @@ func TestSLOWaitsForTheFillSize(t *testing.T) {
 	if got := b.FillSize(now); got != 4 {
 		t.Fatalf("fill size %d at 1000 examples/s, want 4", got)
 	}
+	// Every request so far found the device idle, as a single client's
+	// do (it asks again only once answered): waiting for another would
+	// stall it, so nothing waits.
+	b.Add(2, now)
+	if !b.ShouldSeal(now, true) {
+		t.Fatal("an idle device waited for more although no request ever arrived while it ran")
+	}
+	// A batch runs and a request arrives meanwhile: requests are on their
+	// way, and the next batch waits for the fill size.
+	b.Sealed(now)
+	b.Reset()
+	b.Admit(1, now, time.Time{}, now)
+	now = now.Add(3 * time.Millisecond)
+	b.DeviceIdle(now)
+	b.Admit(2, now, time.Time{}, now)
 	b.Add(2, now)
 	if b.ShouldSeal(now, true) {
 		t.Fatal("sealed 2 examples on an idle device under a load that needs batches of 4")
@@ -439,6 +463,7 @@ func TestSLOWaitsForTheFillSize(t *testing.T) {
 	if b.ShouldSeal(sealBy, false) {
 		t.Fatal("sealed on a busy device")
 	}
+	b.Admit(2, now.Add(time.Millisecond), time.Time{}, now.Add(time.Millisecond))
 	b.Add(2, now.Add(time.Millisecond))
 	if !b.ShouldSeal(now.Add(time.Millisecond), true) {
 		t.Fatal("did not seal a batch that reached the fill size on an idle device")
@@ -474,5 +499,41 @@ func TestSLOFillSizeSavesPerCallWork(t *testing.T) {
 	// and run in 0.5 ms, within 4 ms; 64 would take 6.8 ms.
 	if got := b.FillSize(now); got != 32 {
 		t.Fatalf("fill size %d, want 32", got)
+	}
+}
+
+// TestSLOWaitsForTheCallersOfTheLastBatch: clients that ask again as soon
+// as they are answered send nothing while the device runs, but when a
+// batch of four was just answered, four requests are on their way: the
+// first to arrive waits for the others rather than running alone.
+func TestSLOWaitsForTheCallersOfTheLastBatch(t *testing.T) {
+	c := &Costs{}
+	for bucket, ms := range map[int]int{1: 2, 2: 3, 4: 4, 8: 6, 16: 10, 32: 19} {
+		c.SetExec(bucket, time.Duration(ms)*time.Millisecond)
+	}
+	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond}, c)
+	now := t0
+	for range 500 {
+		b.Admit(1, now, time.Time{}, now)
+		now = now.Add(time.Millisecond)
+	}
+	for range 4 {
+		b.Add(1, now)
+	}
+	b.Sealed(now)
+	b.Reset()
+	now = now.Add(5 * time.Millisecond)
+	b.DeviceIdle(now)
+	b.Admit(1, now, time.Time{}, now)
+	b.Add(1, now)
+	if b.ShouldSeal(now, true) {
+		t.Fatal("the first caller of a batch of four ran alone while three more were on their way")
+	}
+	for range 3 {
+		b.Admit(1, now, time.Time{}, now)
+		b.Add(1, now)
+	}
+	if !b.ShouldSeal(now, true) {
+		t.Fatal("did not seal once the four callers were back")
 	}
 }
