@@ -83,7 +83,7 @@ func attach(path string, want AttachOptions) (*Segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("map the header: %w", err)
 	}
-	g, lay, err := headerLayout(hdr)
+	g, lay, err := readSegmentHeader(hdr)
 	unix.Munmap(hdr)
 	if err != nil {
 		return nil, err

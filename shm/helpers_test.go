@@ -132,7 +132,7 @@ func memSegment(t testing.TB, g Geometry) *Segment {
 // initMem writes a fresh ready header into mem and returns the owner's view.
 func initMem(mem []byte, g Geometry, lay layout) *Segment {
 	clear(mem)
-	writeHeader(mem, Options{ModelID: "test-model", Geometry: g}, lay, 1, len(mem))
+	writeSegmentHeader(mem, Options{ModelID: "test-model", Geometry: g}, lay, 1, len(mem))
 	s := newSegment("mem", mem, g, lay, 1, "test-model", DefaultStaleAfter)
 	s.owner = true
 	put32(mem, hdrOwnerPid, s.pid)

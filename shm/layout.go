@@ -122,38 +122,8 @@ const segmentMagic uint64 = 0x726d_7368_7365_6731
 const (
 	HeaderBytes = PageSize
 
-	hdrMagic      = 0
-	hdrVersion    = 8
-	hdrState      = 12
-	hdrGeneration = 16
-	hdrFileSize   = 24
-	hdrCreated    = 32
-
-	hdrGeometry        = 64
-	hdrLanes           = hdrGeometry + 0
-	hdrRingCapacity    = hdrGeometry + 4
-	hdrSlotsPerLane    = hdrGeometry + 8
-	hdrStagingCount    = hdrGeometry + 12
-	hdrArenaBytes      = hdrGeometry + 16
-	hdrStagingBytes    = hdrGeometry + 24
-	hdrMaxBatchEntries = hdrGeometry + 32
-	hdrBatchRingCap    = hdrGeometry + 36
-	hdrMaxExamples     = hdrGeometry + 40
-	hdrExampleBytes    = hdrGeometry + 44
-
-	hdrOffsets           = 128
-	hdrLanesOff          = hdrOffsets + 0
-	hdrLaneStride        = hdrOffsets + 8
-	hdrArenasOff         = hdrOffsets + 16
-	hdrBatchRingOff      = hdrOffsets + 24
-	hdrStagingMetaOff    = hdrOffsets + 32
-	hdrStagingMetaStride = hdrOffsets + 40
-	hdrStagingDataOff    = hdrOffsets + 48
-	hdrTotal             = hdrOffsets + 56
-
-	hdrModelID = 192
-	// ModelIDBytes is the fixed size of the model id field.
-	ModelIDBytes = 64
+	// hdrMagic … hdrModelID, the segment's description, are the segment
+	// header record in records.go.
 
 	hdrOwner          = 256
 	hdrOwnerPid       = hdrOwner + 0

@@ -1,8 +1,10 @@
 package shm
 
 import (
+	"bytes"
 	"fmt"
 	"sync/atomic"
+	"time"
 )
 
 // The records of the segment: every structure one process writes and
@@ -18,6 +20,160 @@ import (
 //
 // Where the records live is layout.go's business; changing a record here
 // changes the layout and means bumping LayoutVersion.
+
+// Segment header record, the start of the header page (owner, once at
+// creation; every other process reads it through a read-only mapping).
+// The live words that follow it (owner, accelerator, progress, bells,
+// execution table) are in layout.go's table.
+//
+//	+---------------------------------------------------------------+
+//	|                        Magic (u64)                            |    0
+//	|   Layout version (u32)      |   State word (u32, atomic)      |    8
+//	|                      Generation (u64)                         |   16
+//	|                  Image size in bytes (u64)                    |   24
+//	|              Creation time, Unix ns (u64)                     |   32
+//	+---------------------------------------------------------------+
+//	| Geometry: lanes, ring capacity, slots per lane, staging count |   64
+//	| (u32 each), arena bytes, staging bytes (u64 each), max batch  |
+//	| entries, batch ring capacity, max examples, example bytes     |
+//	| (u32 each)                                                    |
+//	+---------------------------------------------------------------+
+//	| Layout offsets (u64 each): lanes, lane stride, arenas, batch  |  128
+//	| ring, staging meta, staging meta stride, staging data, total  |
+//	+---------------------------------------------------------------+
+//	|            Model id (ModelIDBytes, NUL-padded)                |  192
+//	+---------------------------------------------------------------+
+const (
+	hdrMagic      = 0
+	hdrVersion    = 8
+	hdrState      = 12
+	hdrGeneration = 16
+	hdrFileSize   = 24
+	hdrCreated    = 32
+
+	hdrGeometry        = 64
+	hdrLanes           = hdrGeometry + 0
+	hdrRingCapacity    = hdrGeometry + 4
+	hdrSlotsPerLane    = hdrGeometry + 8
+	hdrStagingCount    = hdrGeometry + 12
+	hdrArenaBytes      = hdrGeometry + 16
+	hdrStagingBytes    = hdrGeometry + 24
+	hdrMaxBatchEntries = hdrGeometry + 32
+	hdrBatchRingCap    = hdrGeometry + 36
+	hdrMaxExamples     = hdrGeometry + 40
+	hdrExampleBytes    = hdrGeometry + 44
+
+	hdrOffsets           = 128
+	hdrLanesOff          = hdrOffsets + 0
+	hdrLaneStride        = hdrOffsets + 8
+	hdrArenasOff         = hdrOffsets + 16
+	hdrBatchRingOff      = hdrOffsets + 24
+	hdrStagingMetaOff    = hdrOffsets + 32
+	hdrStagingMetaStride = hdrOffsets + 40
+	hdrStagingDataOff    = hdrOffsets + 48
+	hdrTotal             = hdrOffsets + 56
+
+	hdrModelID = 192
+	// ModelIDBytes is the fixed size of the model id field.
+	ModelIDBytes = 64
+)
+
+// writeSegmentHeader fills the record in a zeroed header page. The state
+// word stays StateCreating; the caller publishes StateReady when the owner
+// fields are set.
+func writeSegmentHeader(mem []byte, o Options, lay layout, gen uint64, size int) {
+	g := o.Geometry
+	put64(mem, hdrMagic, segmentMagic)
+	put32(mem, hdrVersion, LayoutVersion)
+	put32(mem, hdrState, uint32(StateCreating))
+	put64(mem, hdrGeneration, gen)
+	put64(mem, hdrFileSize, uint64(size))
+	put64(mem, hdrCreated, uint64(time.Now().UnixNano()))
+
+	put32(mem, hdrLanes, uint32(g.Lanes))
+	put32(mem, hdrRingCapacity, uint32(g.RingCapacity))
+	put32(mem, hdrSlotsPerLane, uint32(g.SlotsPerLane))
+	put32(mem, hdrStagingCount, uint32(g.StagingCount))
+	put64(mem, hdrArenaBytes, uint64(g.ArenaBytes))
+	put64(mem, hdrStagingBytes, uint64(g.StagingBytes))
+	put32(mem, hdrMaxBatchEntries, uint32(g.MaxBatchEntries))
+	put32(mem, hdrBatchRingCap, uint32(lay.batchRingCap))
+	put32(mem, hdrMaxExamples, uint32(g.MaxExamples))
+	put32(mem, hdrExampleBytes, uint32(g.ExampleBytes))
+
+	put64(mem, hdrLanesOff, uint64(lay.lanes))
+	put64(mem, hdrLaneStride, uint64(lay.laneStride))
+	put64(mem, hdrArenasOff, uint64(lay.arenas))
+	put64(mem, hdrBatchRingOff, uint64(lay.batchRing))
+	put64(mem, hdrStagingMetaOff, uint64(lay.stagingMeta))
+	put64(mem, hdrStagingMetaStride, uint64(lay.metaStride))
+	put64(mem, hdrStagingDataOff, uint64(lay.stagingData))
+	put64(mem, hdrTotal, uint64(lay.total))
+
+	copy(mem[hdrModelID:hdrModelID+ModelIDBytes], o.ModelID)
+}
+
+// readModelID decodes the model id field of a segment header record.
+func readModelID(hdr []byte) string {
+	id := hdr[hdrModelID : hdrModelID+ModelIDBytes]
+	if i := bytes.IndexByte(id, 0); i >= 0 {
+		id = id[:i]
+	}
+	return string(id)
+}
+
+// readSegmentHeader checks the record in a header page and returns the
+// geometry and layout it describes. The layout is recomputed from the geometry and every stored
+// offset must match it, so the header can only describe a layout this code
+// would have built.
+func readSegmentHeader(hdr []byte) (Geometry, layout, error) {
+	if len(hdr) < HeaderBytes {
+		return Geometry{}, layout{}, fmt.Errorf("%w: %d bytes, smaller than the header", ErrGeometry, len(hdr))
+	}
+	if m := get64(hdr, hdrMagic); m != segmentMagic {
+		return Geometry{}, layout{}, fmt.Errorf("%w: %#x", ErrBadMagic, m)
+	}
+	if v := get32(hdr, hdrVersion); v != LayoutVersion {
+		return Geometry{}, layout{}, fmt.Errorf("%w: segment has layout version %d, this build reads %d", ErrVersion, v, LayoutVersion)
+	}
+	// u64 fields go through int: values above MaxInt64 turn negative and
+	// fail the range checks like any other out-of-range value.
+	g := Geometry{
+		Lanes:           int(get32(hdr, hdrLanes)),
+		RingCapacity:    int(get32(hdr, hdrRingCapacity)),
+		SlotsPerLane:    int(get32(hdr, hdrSlotsPerLane)),
+		ArenaBytes:      int(get64(hdr, hdrArenaBytes)),
+		StagingCount:    int(get32(hdr, hdrStagingCount)),
+		StagingBytes:    int(get64(hdr, hdrStagingBytes)),
+		MaxBatchEntries: int(get32(hdr, hdrMaxBatchEntries)),
+		MaxExamples:     int(get32(hdr, hdrMaxExamples)),
+		ExampleBytes:    int(get32(hdr, hdrExampleBytes)),
+	}
+	lay, err := computeLayout(g)
+	if err != nil {
+		return Geometry{}, layout{}, err
+	}
+	for _, c := range []struct {
+		name      string
+		got, want uint64
+	}{
+		{"batch ring capacity", uint64(get32(hdr, hdrBatchRingCap)), uint64(lay.batchRingCap)},
+		{"lanes offset", get64(hdr, hdrLanesOff), uint64(lay.lanes)},
+		{"lane stride", get64(hdr, hdrLaneStride), uint64(lay.laneStride)},
+		{"arenas offset", get64(hdr, hdrArenasOff), uint64(lay.arenas)},
+		{"batch ring offset", get64(hdr, hdrBatchRingOff), uint64(lay.batchRing)},
+		{"staging meta offset", get64(hdr, hdrStagingMetaOff), uint64(lay.stagingMeta)},
+		{"staging meta stride", get64(hdr, hdrStagingMetaStride), uint64(lay.metaStride)},
+		{"staging data offset", get64(hdr, hdrStagingDataOff), uint64(lay.stagingData)},
+		{"total", get64(hdr, hdrTotal), uint64(lay.total)},
+		{"image size", get64(hdr, hdrFileSize), uint64(lay.total)},
+	} {
+		if c.got != c.want {
+			return Geometry{}, layout{}, fmt.Errorf("%w: %s is %d, geometry implies %d", ErrGeometry, c.name, c.got, c.want)
+		}
+	}
+	return g, lay, nil
+}
 
 // Request ring entry, reqEntryBytes (frontend → embedder):
 //

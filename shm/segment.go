@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -175,7 +174,7 @@ func create(path string, o Options) (*Segment, error) {
 		}
 	}
 	mem := vm.bytes(lay.total)
-	writeHeader(mem, o, lay, gen, lay.total)
+	writeSegmentHeader(mem, o, lay, gen, lay.total)
 	s := newSegment(path, mem, o.Geometry, lay, gen, o.ModelID, DefaultStaleAfter)
 	s.vm = vm
 	s.owner = true
@@ -218,40 +217,6 @@ func create(path string, o Options) (*Segment, error) {
 	b.start()
 	ok = true
 	return s, nil
-}
-
-// writeHeader fills a zeroed header page. The state word stays
-// StateCreating; the caller publishes StateReady when the owner fields are set.
-func writeHeader(mem []byte, o Options, lay layout, gen uint64, size int) {
-	g := o.Geometry
-	put64(mem, hdrMagic, segmentMagic)
-	put32(mem, hdrVersion, LayoutVersion)
-	put32(mem, hdrState, uint32(StateCreating))
-	put64(mem, hdrGeneration, gen)
-	put64(mem, hdrFileSize, uint64(size))
-	put64(mem, hdrCreated, uint64(time.Now().UnixNano()))
-
-	put32(mem, hdrLanes, uint32(g.Lanes))
-	put32(mem, hdrRingCapacity, uint32(g.RingCapacity))
-	put32(mem, hdrSlotsPerLane, uint32(g.SlotsPerLane))
-	put32(mem, hdrStagingCount, uint32(g.StagingCount))
-	put64(mem, hdrArenaBytes, uint64(g.ArenaBytes))
-	put64(mem, hdrStagingBytes, uint64(g.StagingBytes))
-	put32(mem, hdrMaxBatchEntries, uint32(g.MaxBatchEntries))
-	put32(mem, hdrBatchRingCap, uint32(lay.batchRingCap))
-	put32(mem, hdrMaxExamples, uint32(g.MaxExamples))
-	put32(mem, hdrExampleBytes, uint32(g.ExampleBytes))
-
-	put64(mem, hdrLanesOff, uint64(lay.lanes))
-	put64(mem, hdrLaneStride, uint64(lay.laneStride))
-	put64(mem, hdrArenasOff, uint64(lay.arenas))
-	put64(mem, hdrBatchRingOff, uint64(lay.batchRing))
-	put64(mem, hdrStagingMetaOff, uint64(lay.stagingMeta))
-	put64(mem, hdrStagingMetaStride, uint64(lay.metaStride))
-	put64(mem, hdrStagingDataOff, uint64(lay.stagingData))
-	put64(mem, hdrTotal, uint64(lay.total))
-
-	copy(mem[hdrModelID:hdrModelID+ModelIDBytes], o.ModelID)
 }
 
 // existingGeneration asks the broker at path for its generation: 0 when
@@ -297,18 +262,15 @@ func attachMem(path string, mem []byte, want AttachOptions) (*Segment, error) {
 	if want.Generation != 0 && gen != want.Generation {
 		return nil, fmt.Errorf("%w: segment has generation %d, want %d", ErrGeneration, gen, want.Generation)
 	}
-	id := mem[hdrModelID : hdrModelID+ModelIDBytes]
-	if i := bytes.IndexByte(id, 0); i >= 0 {
-		id = id[:i]
-	}
-	if want.ModelID != "" && string(id) != want.ModelID {
+	id := readModelID(mem)
+	if want.ModelID != "" && id != want.ModelID {
 		return nil, fmt.Errorf("%w: segment serves %q, want %q", ErrModel, id, want.ModelID)
 	}
 	stale := want.StaleAfter
 	if stale <= 0 {
 		stale = DefaultStaleAfter
 	}
-	s := newSegment(path, mem, g, lay, gen, string(id), stale)
+	s := newSegment(path, mem, g, lay, gen, id, stale)
 	s.useAccelMirror()
 	switch st := s.State(); st {
 	case StateReady:
@@ -333,7 +295,7 @@ func parseHeader(mem []byte) (Geometry, layout, error) {
 	if !aligned(mem, PageSize) {
 		return Geometry{}, layout{}, fmt.Errorf("%w: mapping not page aligned", ErrGeometry)
 	}
-	g, lay, err := headerLayout(mem[:HeaderBytes])
+	g, lay, err := readSegmentHeader(mem[:HeaderBytes])
 	if err != nil {
 		return Geometry{}, layout{}, err
 	}
@@ -342,59 +304,6 @@ func parseHeader(mem []byte) (Geometry, layout, error) {
 	}
 	if lay.total > len(mem) {
 		return Geometry{}, layout{}, fmt.Errorf("%w: layout needs %d bytes, the mapping has %d", ErrGeometry, lay.total, len(mem))
-	}
-	return g, lay, nil
-}
-
-// headerLayout checks a header page and returns the geometry and layout it
-// describes. The layout is recomputed from the geometry and every stored
-// offset must match it, so the header can only describe a layout this code
-// would have built.
-func headerLayout(hdr []byte) (Geometry, layout, error) {
-	if len(hdr) < HeaderBytes {
-		return Geometry{}, layout{}, fmt.Errorf("%w: %d bytes, smaller than the header", ErrGeometry, len(hdr))
-	}
-	if m := get64(hdr, hdrMagic); m != segmentMagic {
-		return Geometry{}, layout{}, fmt.Errorf("%w: %#x", ErrBadMagic, m)
-	}
-	if v := get32(hdr, hdrVersion); v != LayoutVersion {
-		return Geometry{}, layout{}, fmt.Errorf("%w: segment has layout version %d, this build reads %d", ErrVersion, v, LayoutVersion)
-	}
-	// u64 fields go through int: values above MaxInt64 turn negative and
-	// fail the range checks like any other out-of-range value.
-	g := Geometry{
-		Lanes:           int(get32(hdr, hdrLanes)),
-		RingCapacity:    int(get32(hdr, hdrRingCapacity)),
-		SlotsPerLane:    int(get32(hdr, hdrSlotsPerLane)),
-		ArenaBytes:      int(get64(hdr, hdrArenaBytes)),
-		StagingCount:    int(get32(hdr, hdrStagingCount)),
-		StagingBytes:    int(get64(hdr, hdrStagingBytes)),
-		MaxBatchEntries: int(get32(hdr, hdrMaxBatchEntries)),
-		MaxExamples:     int(get32(hdr, hdrMaxExamples)),
-		ExampleBytes:    int(get32(hdr, hdrExampleBytes)),
-	}
-	lay, err := computeLayout(g)
-	if err != nil {
-		return Geometry{}, layout{}, err
-	}
-	for _, c := range []struct {
-		name      string
-		got, want uint64
-	}{
-		{"batch ring capacity", uint64(get32(hdr, hdrBatchRingCap)), uint64(lay.batchRingCap)},
-		{"lanes offset", get64(hdr, hdrLanesOff), uint64(lay.lanes)},
-		{"lane stride", get64(hdr, hdrLaneStride), uint64(lay.laneStride)},
-		{"arenas offset", get64(hdr, hdrArenasOff), uint64(lay.arenas)},
-		{"batch ring offset", get64(hdr, hdrBatchRingOff), uint64(lay.batchRing)},
-		{"staging meta offset", get64(hdr, hdrStagingMetaOff), uint64(lay.stagingMeta)},
-		{"staging meta stride", get64(hdr, hdrStagingMetaStride), uint64(lay.metaStride)},
-		{"staging data offset", get64(hdr, hdrStagingDataOff), uint64(lay.stagingData)},
-		{"total", get64(hdr, hdrTotal), uint64(lay.total)},
-		{"image size", get64(hdr, hdrFileSize), uint64(lay.total)},
-	} {
-		if c.got != c.want {
-			return Geometry{}, layout{}, fmt.Errorf("%w: %s is %d, geometry implies %d", ErrGeometry, c.name, c.got, c.want)
-		}
 	}
 	return g, lay, nil
 }
