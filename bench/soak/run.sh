@@ -5,12 +5,20 @@
 #
 #   run.sh BIN_DIR BUNDLE OUT_DIR [MINUTES [BATCH_MODE]]
 #
-# BATCH_MODE is the embedder's (default model: the soak looks for drift,
-# and slo mode would shed the arrivals of a bursty second as errors).
+# BATCH_MODE is the embedder's (default slo, the mesh's default).
 #
-# Each minute is one loadgen point (bench/loadgen: open loop, Poisson
-# arrivals, B_req 16, the mesh's processes monitored), kept as
-# OUT_DIR/minute-<i>.json. The last line is
+# Pinning: where the machine has two CPUs or more, the mesh runs on
+# SOAK_SERVER_CPUS (default 0) and the load generator on SOAK_CLIENT_CPUS
+# (default the rest), as in make bench: a load generator sharing the mesh's
+# cores makes the mesh's capacity, and with it the tail, move with the
+# generator's own scheduling rather than with the mesh.
+#
+# The peak is a closed-loop point (B_req 16, 16 clients, 15 s); then one
+# minute of open-loop load at 80 % of it warms the mesh up unmeasured (the
+# first minute after start-up pays page faults and the execution-time
+# estimates' settling, which is not drift). Each measured minute is one
+# loadgen point (open loop, Poisson arrivals, B_req 16, the mesh's
+# processes monitored), kept as OUT_DIR/minute-<i>.json. The last line is
 #
 #   soak: minutes=<m> requests=<n> errors=<e> rss_drift_pct=<d> p99_ms_min=<a> p99_ms_max=<b>
 #
@@ -19,10 +27,15 @@
 # errors). Not run in CI: it takes half an hour.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: run.sh BIN_DIR BUNDLE OUT_DIR [MINUTES]" >&2; exit 2; }
-BIN=$1 BUNDLE=$2 OUT=$3 MINUTES=${4:-30} MODE=${5:-model}
+BIN=$1 BUNDLE=$2 OUT=$3 MINUTES=${4:-30} MODE=${5:-slo}
 mkdir -p "$OUT"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$BIN/recmesh" run --bundle "$BUNDLE" --port "$PORT" --segment "recmesh-soak-$$" --batch-mode "$MODE" >"$OUT/mesh.log" 2>&1 &
+SERVER_PIN=() CLIENT_PIN=()
+if [ "$(nproc)" -ge 2 ]; then
+	SERVER_PIN=(taskset -c "${SOAK_SERVER_CPUS:-0}")
+	CLIENT_PIN=(-cpus "${SOAK_CLIENT_CPUS:-1-$(($(nproc) - 1))}")
+fi
+"${SERVER_PIN[@]}" "$BIN/recmesh" run --bundle "$BUNDLE" --port "$PORT" --segment "recmesh-soak-$$" --batch-mode "$MODE" >"$OUT/mesh.log" 2>&1 &
 MESH=$!
 trap 'kill $MESH 2>/dev/null; wait $MESH 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
@@ -33,14 +46,16 @@ done
 grep -q '^mesh: ready' "$OUT/mesh.log" || { echo "soak: the mesh was not ready in 10 minutes" >&2; exit 1; }
 TARGET=127.0.0.1:$PORT
 
-"$BIN/loadgen" run -target "$TARGET" -bundle "$BUNDLE" -mode closed -concurrency 16 -batch 16 \
+"$BIN/loadgen" run "${CLIENT_PIN[@]}" -target "$TARGET" -bundle "$BUNDLE" -mode closed -concurrency 16 -batch 16 \
 	-warmup 5s -duration 15s -out "$OUT/peak.json" >/dev/null
 PEAK=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["requests_per_s"])' "$OUT/peak.json")
 RATE=$(python3 -c "print(round(0.8 * $PEAK, 1))")
-echo "soak: closed-loop peak ${PEAK} requests/s (B_req 16); open loop at ${RATE}/s for ${MINUTES} minutes"
+echo "soak: closed-loop peak ${PEAK} requests/s (B_req 16); open loop at ${RATE}/s for ${MINUTES} minutes after a warm-up minute"
+"$BIN/loadgen" run "${CLIENT_PIN[@]}" -target "$TARGET" -bundle "$BUNDLE" -mode open -rate "$RATE" -batch 16 \
+	-warmup 0s -duration 60s -out "$OUT/warmup.json" >/dev/null
 
 for i in $(seq 1 "$MINUTES"); do
-	"$BIN/loadgen" run -target "$TARGET" -bundle "$BUNDLE" -mode open -rate "$RATE" -batch 16 \
+	"$BIN/loadgen" run "${CLIENT_PIN[@]}" -target "$TARGET" -bundle "$BUNDLE" -mode open -rate "$RATE" -batch 16 \
 		-warmup 0s -duration 60s -monitor-pids "$MESH" -out "$OUT/minute-$i.json" >/dev/null
 	python3 - "$OUT/minute-$i.json" "$i" <<'PY'
 import json, sys
