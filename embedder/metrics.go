@@ -88,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		sloOverloaded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "recmesh_embedder_slo_overloaded",
-			Help: "SLO mode: 1 while admission control sheds (every request predicted to miss the budget for a whole overload window), else 0.",
+			Help: "SLO mode: 1 while admission control sheds (every request predicted to miss the latency target for a whole overload window), else 0.",
 		}),
 		genFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "recmesh_embedder_generation_failures_total",

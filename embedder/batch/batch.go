@@ -40,7 +40,7 @@ const (
 	// execution time of the larger bucket, still finishes within the
 	// budget (the target less a margin that follows how many served calls
 	// missed the target: Feedback), and as long as a request arriving just
-	// after it is sealed could still finish within the budget in a batch
+	// after it is sealed could still finish within the target in a batch
 	// of its own. Under sustained overload, once every request for a whole
 	// OverloadWindow was predicted to miss the target, requests predicted
 	// to miss it are shed before lookup (admission control, after CoDel's
@@ -112,11 +112,11 @@ type Options struct {
 	// predict: the completion's way back to the client, the frontends'
 	// work on the one core they may share with the device, scheduling
 	// noise. It is where SLO mode starts: Feedback then moves it, from
-	// the calls the frontends served, between a twentieth and a half of
+	// the calls the frontends served, between a twentieth and a quarter of
 	// the target. Default a tenth of the target.
 	Margin time.Duration
 	// OverloadWindow is how long every request must be predicted to miss
-	// the budget before SLO mode starts shedding, and how long predictions
+	// the target before SLO mode starts shedding, and how long predictions
 	// must stay on time before it stops. Default 100 ms.
 	OverloadWindow time.Duration
 }
@@ -354,7 +354,7 @@ func (b *Batcher) Fits(n int, arrival, now time.Time) bool {
 	if b.opts.Mode == SLO && n > 0 {
 		// A request that arrives just after this batch is sealed waits for
 		// it, then runs in a batch of its own: the batch grows only while
-		// that request could still make the budget.
+		// that request could still make the target.
 		if !b.leavesRoom(b.rows + n) {
 			return false
 		}
@@ -425,8 +425,7 @@ func (b *Batcher) Admit(n int, arrival, deadline, now time.Time) bool {
 	}
 	var end time.Time
 	if b.entries > 0 && b.Fits(n, arrival, now) {
-		// Fits kept the oldest request, which arrived no later than this
-		// one, within the budget: this one is on time too.
+		// It joins the open batch: it finishes with it.
 		end = b.finish(b.rows+n, n, now)
 	} else {
 		// A batch of its own, started once the open batch (if any) and the
@@ -512,8 +511,11 @@ func (b *Batcher) ShouldSeal(now time.Time, deviceIdle bool) bool {
 	case Model:
 		return deviceIdle
 	case SLO:
+		if !deviceIdle {
+			return false
+		}
 		_, wait := b.waitUntil(now)
-		return deviceIdle && !wait
+		return !wait
 	default:
 		return !now.Before(b.first.Add(b.opts.Window))
 	}
@@ -523,7 +525,7 @@ func (b *Batcher) ShouldSeal(now time.Time, deviceIdle bool) bool {
 // the smallest power of two the device runs at least as fast as examples
 // arrive (rate × execution time ≤ size), so batches of it keep up with
 // the load, and no larger than a batch that leaves a request arriving
-// after it time to make the budget. 1 at light load or before anything
+// after it time to make the target. 1 at light load or before anything
 // is measured.
 func (b *Batcher) FillSize(now time.Time) int {
 	b.rate.roll(now)
@@ -566,10 +568,11 @@ const fillWait = 4
 // still afford to wait (sealBy).
 func (b *Batcher) waitUntil(now time.Time) (time.Time, bool) {
 	coming := b.busyArrivals || b.busyArrivalsBefore || b.entries < b.prevEntries
-	if by := b.sealBy(); coming && b.rows < b.FillSize(now) && now.Before(by) {
-		return by, true
+	if !coming || b.rows >= b.FillSize(now) {
+		return time.Time{}, false
 	}
-	return time.Time{}, false
+	by := b.sealBy()
+	return by, now.Before(by)
 }
 
 // sealBy is the latest moment a waiting SLO batch can be sealed at its

@@ -372,12 +372,7 @@ func TestFeedbackMovesTheMargin(t *testing.T) {
 // batch stops growing where that request could no longer make the budget;
 // a request alone may still take longer.
 func TestSLOCapsABatchForTheNextRequest(t *testing.T) {
-	c := &Costs{}
-	// A flat curve, as a dense network's on a CPU: a batch of 16 costs
-	// five times a batch of 1.
-	for bucket, ms := range map[int]int{1: 2, 2: 3, 4: 4, 8: 6, 16: 10, 32: 19, 64: 25} {
-		c.SetExec(bucket, time.Duration(ms)*time.Millisecond)
-	}
+	c := flatCosts()
 	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond}, c)
 	// Bucket 16 (10 ms) and then the next request's 2 ms fit the 20 ms
 	// target; bucket 32 (19 ms) does not. (Both are high quantiles, so the
@@ -401,31 +396,21 @@ func TestSLOCapsABatchForTheNextRequest(t *testing.T) {
 // the device runs as fast as examples arrive, and no longer than its
 // oldest request's budget allows.
 func TestSLOWaitsForTheFillSize(t *testing.T) {
-	c := &Costs{}
-	for bucket, ms := range map[int]int{1: 2, 2: 3, 4: 4, 8: 6, 16: 10, 32: 19} {
-		c.SetExec(bucket, time.Duration(ms)*time.Millisecond)
-	}
+	c := flatCosts()
 	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond}, c)
 	if got := b.FillSize(t0); got != 1 {
 		t.Fatalf("fill size %d before anything arrived, want 1", got)
 	}
 	// Light load: one example every 10 ms, 100 per second. A batch of 1
 	// (2 ms) keeps up, so nothing waits.
-	now := t0
-	for range 50 {
-		b.Admit(1, now, time.Time{}, now)
-		now = now.Add(10 * time.Millisecond)
-	}
+	now := offer(b, 50, 10*time.Millisecond, t0)
 	if got := b.FillSize(now); got != 1 {
 		t.Fatalf("fill size %d at 100 examples/s, want 1", got)
 	}
 	// One example per millisecond: a batch of 1 takes 2 ms (2 arrive
 	// meanwhile), of 2 takes 3 ms (3 arrive); a batch of 4 runs in the
 	// 4 ms in which 4 arrive.
-	for range 500 {
-		b.Admit(1, now, time.Time{}, now)
-		now = now.Add(time.Millisecond)
-	}
+	now = offer(b, 500, time.Millisecond, now)
 	if got := b.FillSize(now); got != 4 {
 		t.Fatalf("fill size %d at 1000 examples/s, want 4", got)
 	}
@@ -472,10 +457,7 @@ func TestSLOWaitsForTheFillSize(t *testing.T) {
 	// bucket 16 (10 ms) + bucket 1 (2 ms) fit 20 ms, bucket 32 (19 ms)
 	// does not.
 	b.Reset()
-	for range 500 {
-		b.Admit(1, now, time.Time{}, now)
-		now = now.Add(100 * time.Microsecond)
-	}
+	now = offer(b, 500, 100*time.Microsecond, now)
 	if got := b.FillSize(now); got != 16 {
 		t.Fatalf("fill size %d at 10,000 examples/s, want 16 (the largest that leaves room)", got)
 	}
@@ -490,11 +472,7 @@ func TestSLOFillSizeSavesPerCallWork(t *testing.T) {
 		c.SetExec(bucket, 500*time.Microsecond)
 	}
 	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond}, c)
-	now := t0
-	for range 5000 {
-		b.Admit(1, now, time.Time{}, now)
-		now = now.Add(100 * time.Microsecond)
-	}
+	now := offer(b, 5000, 100*time.Microsecond, t0)
 	// 10,000 examples/s and a 16 ms budget: 32 examples gather in 3.1 ms
 	// and run in 0.5 ms, within 4 ms; 64 would take 6.8 ms.
 	if got := b.FillSize(now); got != 32 {
@@ -507,16 +485,9 @@ func TestSLOFillSizeSavesPerCallWork(t *testing.T) {
 // batch of four was just answered, four requests are on their way: the
 // first to arrive waits for the others rather than running alone.
 func TestSLOWaitsForTheCallersOfTheLastBatch(t *testing.T) {
-	c := &Costs{}
-	for bucket, ms := range map[int]int{1: 2, 2: 3, 4: 4, 8: 6, 16: 10, 32: 19} {
-		c.SetExec(bucket, time.Duration(ms)*time.Millisecond)
-	}
+	c := flatCosts()
 	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond}, c)
-	now := t0
-	for range 500 {
-		b.Admit(1, now, time.Time{}, now)
-		now = now.Add(time.Millisecond)
-	}
+	now := offer(b, 500, time.Millisecond, t0)
 	for range 4 {
 		b.Add(1, now)
 	}
@@ -536,4 +507,24 @@ func TestSLOWaitsForTheCallersOfTheLastBatch(t *testing.T) {
 	if !b.ShouldSeal(now, true) {
 		t.Fatal("did not seal once the four callers were back")
 	}
+}
+
+// flatCosts is a flat execution-time curve, as a dense network's on a CPU:
+// a batch of 16 costs five times a batch of 1.
+func flatCosts() *Costs {
+	c := &Costs{}
+	for bucket, ms := range map[int]int{1: 2, 2: 3, 4: 4, 8: 6, 16: 10, 32: 19, 64: 25} {
+		c.SetExec(bucket, time.Duration(ms)*time.Millisecond)
+	}
+	return c
+}
+
+// offer admits n one-example requests, one every
+// interval from now, and returns the time after the last.
+func offer(b *Batcher, n int, every time.Duration, now time.Time) time.Time {
+	for range n {
+		b.Admit(1, now, time.Time{}, now)
+		now = now.Add(every)
+	}
+	return now
 }
