@@ -46,13 +46,35 @@ type dispatcher struct {
 	sleptIdle bool
 }
 
+// DefaultSLOBatchBytes is SLO mode's default bound on a merged batch's
+// staged rows: 16 MiB, 1,024 examples of the DLRMv2 tables (13 KiB of
+// pooled rows each). On the 2-core development VM, hostbound workload,
+// overload grew batches to 2,048 examples (27 MiB per staging buffer);
+// a 16-example request's lookup then took 341-380 µs instead of
+// 110-120 µs, as the rows the embedder writes and the accelerator copies
+// fell out of the caches, capacity fell below the load, and the queue
+// stayed after the overload ended. Batches of at most 1,024 kept lookups
+// at 118-123 µs through the same overload and recovered at once.
+const DefaultSLOBatchBytes = 16 << 20
+
+// mergeRows is the largest power of two of examples whose staged rows fit
+// SLOBatchBytes (at least 1, at most MaxBatch).
+func mergeRows(cfg model.Config, o Options) int {
+	per := int64(len(cfg.VocabSizes)*cfg.EmbeddingDim+cfg.NumDense) * 4
+	rows := 1
+	for rows < o.MaxBatch && int64(2*rows)*per <= o.SLOBatchBytes {
+		rows *= 2
+	}
+	return min(rows, o.MaxBatch)
+}
+
 // errDrained ends a replaced generation once nothing is left in it.
 var errDrained = errors.New("embedder: generation drained")
 
 func (e *Embedder) newDispatcher(g *generation, jobs chan job) (*dispatcher, error) {
 	seg := g.seg
 	bopts := batch.Options{Mode: e.opts.Mode, MaxBatch: e.opts.MaxBatch, MaxEntries: e.opts.MaxBatch,
-		Window: e.opts.Window, LatencyTarget: e.opts.LatencyTarget}
+		MergeRows: mergeRows(g.store.Config, e.opts), Window: e.opts.Window, LatencyTarget: e.opts.LatencyTarget}
 	d := &dispatcher{
 		e:       e,
 		g:       g,

@@ -57,6 +57,10 @@ type Options struct {
 	MaxBatch      int
 	Window        time.Duration
 	LatencyTarget time.Duration
+	// SLOBatchBytes bounds what SLO mode merges into one batch: the
+	// largest power-of-two batch whose staged rows (pooled embeddings and
+	// dense features) fit in it. Default DefaultSLOBatchBytes.
+	SLOBatchBytes int64
 	// Workers is the number of lookup goroutines. Default GOMAXPROCS.
 	Workers int
 	// Staging is the number of staging buffers: the batches in flight to
@@ -103,6 +107,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.LatencyTarget <= 0 {
 		o.LatencyTarget = batch.DefaultLatencyTarget
+	}
+	if o.SLOBatchBytes <= 0 {
+		o.SLOBatchBytes = DefaultSLOBatchBytes
 	}
 	if o.Workers <= 0 {
 		o.Workers = runtime.GOMAXPROCS(0)
@@ -486,7 +493,7 @@ func (e *Embedder) create(store *Store) (*generation, error) {
 	e.m.tableBytes.Set(float64(store.Bytes()))
 	e.m.hugeFraction.Set(store.HugePageFraction)
 	e.log.Info("segment ready", "path", g.Path, "generation", g.Generation, "model", g.ModelID, "lanes", e.opts.Lanes,
-		"mode", e.opts.Mode.String(), "max_batch", e.opts.MaxBatch, "workers", e.opts.Workers)
+		"mode", e.opts.Mode.String(), "max_batch", e.opts.MaxBatch, "slo_merge_rows", mergeRows(store.Config, e.opts), "workers", e.opts.Workers)
 	if e.opts.OnGeneration != nil {
 		e.opts.OnGeneration(g)
 	}

@@ -225,3 +225,25 @@ func FuzzRequestPayload(f *testing.F) {
 func sameBits(a, b []float32) bool {
 	return slices.EqualFunc(a, b, func(x, y float32) bool { return math.Float32bits(x) == math.Float32bits(y) })
 }
+
+// TestMergeRows: SLO mode's merge bound is the largest power of two of
+// examples whose staged rows fit the byte budget, within MaxBatch.
+func TestMergeRows(t *testing.T) {
+	cfg := model.Config{NumDense: model.NumDense, EmbeddingDim: model.EmbeddingDim, VocabSizes: make([]int, model.NumTables)}
+	per := int64(model.NumTables*model.EmbeddingDim+model.NumDense) * 4 // 13,364 bytes
+	for _, c := range []struct {
+		budget   int64
+		maxBatch int
+		want     int
+	}{
+		{DefaultSLOBatchBytes, 4096, 1024}, // 1,024 × 13,364 B = 13.1 MiB; 2,048 would be 26.1
+		{1024 * per, 4096, 1024},           // exactly full
+		{1024*per - 1, 4096, 512},
+		{DefaultSLOBatchBytes, 256, 256}, // MaxBatch binds first
+		{1, 4096, 1},                     // a budget below one example still merges nothing
+	} {
+		if got := mergeRows(cfg, Options{SLOBatchBytes: c.budget, MaxBatch: c.maxBatch}); got != c.want {
+			t.Errorf("mergeRows(budget %d, max batch %d) = %d, want %d", c.budget, c.maxBatch, got, c.want)
+		}
+	}
+}

@@ -102,6 +102,14 @@ type Options struct {
 	// MaxEntries is the most requests a batch may hold (the size of a
 	// staging buffer's entries table). Default MaxBatch.
 	MaxEntries int
+	// MergeRows is the most examples SLO mode merges into one batch; one
+	// request of more (up to MaxBatch) still runs, alone. Default
+	// MaxBatch. Larger merged batches cost more per example once their
+	// rows no longer stay in the caches between the embedder's writes and
+	// the accelerator's reads, and an overload, which grows batches to
+	// whatever is queued, then cuts the mesh's capacity below the load
+	// that caused it: the queue outlives the burst.
+	MergeRows int
 	// Window is how long a Full batch waits for more requests after its
 	// first one. Default 1 ms. The worst added queueing delay of a request
 	// in Full mode is Window plus the time the batch ahead takes to run.
@@ -127,6 +135,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxEntries <= 0 {
 		o.MaxEntries = o.MaxBatch
+	}
+	if o.MergeRows <= 0 || o.MergeRows > o.MaxBatch {
+		o.MergeRows = o.MaxBatch
 	}
 	if o.Window <= 0 {
 		o.Window = DefaultWindow
@@ -348,7 +359,7 @@ func (b *Batcher) Fits(n int, arrival, now time.Time) bool {
 	if b.opts.Mode == None {
 		return false
 	}
-	if b.rows+n > b.opts.MaxBatch || b.entries >= b.opts.MaxEntries {
+	if b.rows+n > b.maxRows() || b.entries >= b.opts.MaxEntries {
 		return false
 	}
 	if b.opts.Mode == SLO && n > 0 {
@@ -502,7 +513,7 @@ func (b *Batcher) ShouldSeal(now time.Time, deviceIdle bool) bool {
 	if b.entries == 0 {
 		return false
 	}
-	if b.rows >= b.opts.MaxBatch || b.entries >= b.opts.MaxEntries {
+	if b.rows >= b.maxRows() || b.entries >= b.opts.MaxEntries {
 		return true
 	}
 	switch b.opts.Mode {
@@ -537,7 +548,7 @@ func (b *Batcher) fill() int {
 		return 1
 	}
 	size := 1
-	for ; size < b.opts.MaxBatch; size *= 2 {
+	for ; size < b.maxRows(); size *= 2 {
 		e := b.costs.Exec(size)
 		if e == 0 {
 			return size
@@ -553,6 +564,14 @@ func (b *Batcher) fill() int {
 		if keepsUp && !cheaper || !b.leavesRoom(next) {
 			return size
 		}
+	}
+	return b.maxRows()
+}
+
+// maxRows is the most examples a batch merges: MergeRows in SLO mode.
+func (b *Batcher) maxRows() int {
+	if b.opts.Mode == SLO {
+		return b.opts.MergeRows
 	}
 	return b.opts.MaxBatch
 }

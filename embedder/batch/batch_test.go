@@ -193,6 +193,53 @@ func TestSLOCapsTheBatchAtTheBudget(t *testing.T) {
 	}
 }
 
+// TestSLOMergesAtMostMergeRows: a batch whose oldest request is late
+// anyway takes in what is queued, but never past MergeRows examples; a
+// single request larger than that still runs, alone, and the fill size
+// never asks for more.
+func TestSLOMergesAtMostMergeRows(t *testing.T) {
+	c := sloCosts()
+	opts := Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond, MergeRows: 1024}
+	b := New(opts, c)
+	for range 2 { // 22.5 ms of queued work: every later request is late
+		b.Add(1024, t0)
+		b.Sealed(t0)
+		b.Reset()
+	}
+	for range 64 {
+		if !b.Fits(16, t0, t0) {
+			t.Fatalf("at %d rows a late batch refused a request within MergeRows", b.Rows())
+		}
+		b.Add(16, t0)
+	}
+	if b.Fits(16, t0, t0) {
+		t.Fatalf("a late batch of %d rows grew past MergeRows (1024)", b.Rows())
+	}
+	if !b.ShouldSeal(t0, false) {
+		t.Fatal("a batch at MergeRows waited for the device instead of being sealed")
+	}
+	m := New(Options{Mode: Model, MergeRows: 1024}, c)
+	m.Add(1024, t0)
+	if !m.Fits(16, t0, t0) {
+		t.Fatal("MergeRows capped a Model-mode batch; it is SLO mode's")
+	}
+	alone := New(opts, c)
+	if !alone.Fits(4096, t0, t0) {
+		t.Fatal("an empty SLO batch refused one request larger than MergeRows")
+	}
+	alone.Add(4096, t0)
+	if !alone.ShouldSeal(t0, true) {
+		t.Fatal("a lone request larger than MergeRows was not sealed")
+	}
+	fast := New(opts, c)
+	for i := range 200 { // 64,000 examples/s for 100 ms: no bucket keeps up
+		fast.Admit(64, t0.Add(time.Duration(i)*500*time.Microsecond), time.Time{}, t0)
+	}
+	if got := fast.FillSize(t0.Add(100 * time.Millisecond)); got > 1024 {
+		t.Fatalf("fill size %d past MergeRows", got)
+	}
+}
+
 func TestSLOAdmissionControl(t *testing.T) {
 	c := sloCosts()
 	const window = 100 * time.Millisecond

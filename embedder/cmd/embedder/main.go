@@ -70,6 +70,7 @@ func run(args []string) error {
 		target      = fs.Duration("latency-target", batch.DefaultLatencyTarget, "slo mode: the end-to-end p99 budget batches are sized for and requests are admitted against")
 		maxBatch    = fs.Int("max-batch", batch.DefaultMaxBatch, "most examples per batch")
 		window      = fs.Duration("batch-window", batch.DefaultWindow, "how long a full-mode batch waits for more requests")
+		sloBatchMiB = fs.Int("slo-batch-mib", embedder.DefaultSLOBatchBytes>>20, "slo mode: MiB of staged rows one merged batch may hold (1,024 DLRMv2 examples at 16); larger batches fall out of the caches and cost more per example")
 		workers     = fs.Int("workers", 0, "lookup goroutines (0: the usable cores)")
 		staging     = fs.Int("staging", embedder.DefaultStaging, "staging buffers: batches in flight to the accelerator")
 		reserve     = fs.Bool("reserve-segment", true, "reserve each segment's memory when it is created, so a full --shm-dir fails the start with an error instead of a SIGBUS mid-serve")
@@ -106,6 +107,9 @@ func run(args []string) error {
 	if *target < time.Millisecond || *target > time.Minute {
 		return fmt.Errorf("--latency-target %v: want 1ms..1m", *target)
 	}
+	if *sloBatchMiB < 1 || *sloBatchMiB > 1<<16 {
+		return fmt.Errorf("--slo-batch-mib %d: want 1..65536", *sloBatchMiB)
+	}
 
 	root, err := model.OpenRoot(cmp.Or(*modelRoot, filepath.Dir(*bundle)))
 	if err != nil {
@@ -141,7 +145,7 @@ func run(args []string) error {
 	}
 	e, err := embedder.New(embedder.Options{
 		Bundle: startBundle, ShmDir: *shmDir, Segment: *segment, Lanes: *lanes,
-		Mode: m, MaxBatch: *maxBatch, Window: *window, LatencyTarget: *target, Workers: *workers, Staging: *staging, LazySegment: !*reserve,
+		Mode: m, MaxBatch: *maxBatch, Window: *window, LatencyTarget: *target, SLOBatchBytes: int64(*sloBatchMiB) << 20, Workers: *workers, Staging: *staging, LazySegment: !*reserve,
 		Log: tel.Log, Registry: tel.Registry, OnGeneration: announce, Tracer: tel.Tracer,
 	})
 	if err != nil {
