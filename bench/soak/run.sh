@@ -13,10 +13,19 @@
 # cores makes the mesh's capacity, and with it the tail, move with the
 # generator's own scheduling rather than with the mesh.
 #
-# The peak is a closed-loop point (B_req 16, 16 clients, 15 s); then one
-# minute of open-loop load at 80 % of it warms the mesh up unmeasured (the
-# first minute after start-up pays page faults and the execution-time
-# estimates' settling, which is not drift). Each measured minute is one
+# The peak is the mesh's open-loop capacity under its latency target, as
+# MLPerf's server scenario defines it: the highest Poisson arrival rate
+# whose 10-second point keeps p99 within SOAK_TARGET_MS (default 20, the
+# mesh's --latency-target) with no errors, found by bisection below the
+# closed-loop throughput of 16 clients (B_req 16, 15 s). Both are printed.
+# A closed-loop peak is not a rate Poisson arrivals can sustain: its
+# clients send in step and merge into large batches, so on one core the
+# open-loop capacity of every design, the Python ones included, is well
+# below it (make bench's open-loop table), and a soak at 80 % of it
+# measures overload, not drift. One minute of open-loop load at 80 % of
+# the peak then warms the mesh up unmeasured (the first minute after
+# start-up pays page faults and the execution-time estimates' settling,
+# which is not drift). Each measured minute is one
 # loadgen point (open loop, Poisson arrivals, B_req 16, the mesh's
 # processes monitored), kept as OUT_DIR/minute-<i>.json. The last line is
 #
@@ -48,9 +57,32 @@ TARGET=127.0.0.1:$PORT
 
 "$BIN/loadgen" run "${CLIENT_PIN[@]}" -target "$TARGET" -bundle "$BUNDLE" -mode closed -concurrency 16 -batch 16 \
 	-warmup 5s -duration 15s -out "$OUT/peak.json" >/dev/null
-PEAK=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["requests_per_s"])' "$OUT/peak.json")
-RATE=$(python3 -c "print(round(0.8 * $PEAK, 1))")
-echo "soak: closed-loop peak ${PEAK} requests/s (B_req 16); open loop at ${RATE}/s for ${MINUTES} minutes after a warm-up minute"
+CLOSED=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["requests_per_s"])' "$OUT/peak.json")
+echo "soak: closed-loop throughput ${CLOSED} requests/s (B_req 16, 16 clients)"
+
+# Bisection for the open-loop peak: LO always met the target (0: nothing
+# yet), HI did not (the closed-loop throughput, unless a probe there met it).
+TARGET_MS=${SOAK_TARGET_MS:-20}
+LO=0 HI=$CLOSED
+for i in $(seq 1 "${SOAK_PEAK_PROBES:-6}"); do
+	PROBE=$(python3 -c "print(round(($LO + $HI) / 2 if $LO > 0 else 0.6 * $HI, 1))")
+	"$BIN/loadgen" run "${CLIENT_PIN[@]}" -target "$TARGET" -bundle "$BUNDLE" -mode open -rate "$PROBE" -batch 16 \
+		-warmup 2s -duration 10s -out "$OUT/probe-$i.json" >/dev/null
+	MET=$(python3 - "$OUT/probe-$i.json" "$TARGET_MS" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["summary"]
+met = s["errors"] == 0 and s["p99_ms"] <= float(sys.argv[2])
+print(f"{int(met)} {s['requests_per_s']:.0f} {s['p99_ms']:.2f} {s['errors']}")
+PY
+	)
+	read -r OK GOT P99 ERRS <<<"$MET"
+	echo "soak: probe ${PROBE}/s: ${GOT} requests/s, p99 ${P99} ms, errors ${ERRS}: $([ "$OK" = 1 ] && echo within || echo past) the ${TARGET_MS} ms target"
+	if [ "$OK" = 1 ]; then LO=$PROBE; else HI=$PROBE; fi
+	sleep 2 # let a probe past the peak drain before the next
+done
+[ "$LO" != 0 ] || { echo "soak: no probed rate met p99 <= ${TARGET_MS} ms without errors" >&2; exit 1; }
+RATE=$(python3 -c "print(round(0.8 * $LO, 1))")
+echo "soak: open-loop peak ${LO} requests/s (p99 <= ${TARGET_MS} ms, no errors; $(python3 -c "print(round(100 * $LO / $CLOSED))") % of the closed-loop throughput); open loop at ${RATE}/s for ${MINUTES} minutes after a warm-up minute"
 "$BIN/loadgen" run "${CLIENT_PIN[@]}" -target "$TARGET" -bundle "$BUNDLE" -mode open -rate "$RATE" -batch 16 \
 	-warmup 0s -duration 60s -out "$OUT/warmup.json" >/dev/null
 
