@@ -577,6 +577,29 @@ func TestComposeHardening(t *testing.T) {
 	}
 }
 
+// TestComposeFrontendsAsAnotherUser: the frontends face the clients, so
+// compose runs them as another user than the embedder's, in its group,
+// naming its uid; the embedder's socket admits that group
+// (docs/security.md, "Frontends as another user").
+func TestComposeFrontendsAsAnotherUser(t *testing.T) {
+	p := loadCompose(t, nil, "compose.yaml")
+	fe, emb := p.Services[Frontend], p.Services[Embedder]
+	if fe.User != "65533:65533" || !slices.Contains(fe.GroupAdd, "65532") {
+		t.Errorf("frontend user %q group_add %v; want 65533:65533 with the group 65532", fe.User, fe.GroupAdd)
+	}
+	if v := env(fe, "RECMESH_SEGMENT_OWNER_UID"); v != "65532" {
+		t.Errorf("frontend RECMESH_SEGMENT_OWNER_UID=%q; want the embedder's uid 65532", v)
+	}
+	if v := env(emb, "RECMESH_SEGMENT_MODE"); v != "0660" {
+		t.Errorf("embedder RECMESH_SEGMENT_MODE=%q; want 0660 (the frontends' group)", v)
+	}
+	for _, name := range []string{Embedder, Accelerator} {
+		if u := p.Services[name].User; u != "" {
+			t.Errorf("%s user %q; want the image's 65532, which the frontends name", name, u)
+		}
+	}
+}
+
 // TestComposeNATSClosed: compose's NATS runs with the generated
 // authorization, and each recmesh process holds its own role's seed and no
 // other (a frontend container cannot read a key that may roll out).

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -48,6 +49,10 @@ type Options struct {
 	Bundle string
 	// ShmDir and Segment name the segment file (default /dev/shm/recmesh).
 	ShmDir, Segment string
+	// SegmentMode is the segment socket's permission: 0600 (default), or
+	// 0660 to admit frontends running as other users in this process's
+	// group (docs/security.md).
+	SegmentMode os.FileMode
 	// Lanes is how many frontends can attach at once. Default 16.
 	Lanes int
 	// Batching: mode, max examples per batch (default 4096), the Full
@@ -460,6 +465,7 @@ func (e *Embedder) create(store *Store) (*generation, error) {
 	seg, err := shm.Create(shm.Options{
 		Name:       e.opts.Segment,
 		Dir:        e.opts.ShmDir,
+		Mode:       e.opts.SegmentMode,
 		Generation: next,
 		ModelID:    cfg.ID(),
 		Geometry: shm.Geometry{

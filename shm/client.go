@@ -56,7 +56,7 @@ func attach(path string, want AttachOptions) (*Segment, error) {
 	if err := setUndumpable(); err != nil {
 		return nil, err
 	}
-	c, err := dialSegment(path)
+	c, err := dialSegment(path, want.OwnerUID)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +267,7 @@ func (s *Segment) takePushes() {
 // probe asks the broker at path for its generation, and, from the owner's
 // own process, may tell it to drain. It returns 0 when nobody answers.
 func probe(path string, drain bool) uint64 {
-	c, err := dialSegment(path)
+	c, err := dialSegment(path, 0)
 	if err != nil {
 		return 0
 	}

@@ -107,8 +107,10 @@
 // in the header.
 //
 // The path is checked before connecting (no symbolic link, a socket of
-// this user's, not writable by others) and the broker after (SO_PEERCRED
-// of this user; memfds sealed): ErrUnsafeFile otherwise. The broker records
+// the trusted user, not writable by others) and the broker after
+// (SO_PEERCRED of that user; memfds sealed): ErrUnsafeFile otherwise. The
+// trusted user is the attacher's own, or the embedder's for a frontend of
+// another user (AttachOptions.OwnerUID). The broker records
 // the pid the kernel reports for each peer, grants the accelerator's
 // memfds only to a peer of its own uid while no live accelerator holds the
 // segment, and takes a drain request only from its own process.
@@ -119,8 +121,9 @@
 //
 // What the same user can still do outside shared memory (signal the
 // embedder, replace the socket at the path, ask for the accelerator role
-// while none is attached) needs the frontends to run as another user; see
-// docs/security.md.
+// while none is attached) the kernel and the broker refuse to frontends
+// running as another user, in a group a 0660 socket admits, that name the
+// embedder's uid (OwnerUID); see docs/security.md.
 //
 // # Platform
 //

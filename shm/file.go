@@ -69,16 +69,18 @@ func listenSegmentSocket(dir, name string, perm os.FileMode) (*wireConn, string,
 }
 
 // dialSegment connects to the broker at path after checking the path, and
-// authenticates the broker by its peer credentials.
-func dialSegment(path string) (*wireConn, error) {
+// authenticates the broker by its peer credentials: it must run as owner
+// (AttachOptions.OwnerUID), or as this process's user when owner is 0.
+func dialSegment(path string, owner int) (*wireConn, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(path, &st); err != nil {
 		return nil, &os.PathError{Op: "lstat", Path: path, Err: err}
 	}
 	euid := os.Geteuid()
-	if err := checkSegmentFile(path, &st, euid); err != nil {
+	if err := checkSegmentFile(path, &st, euid, owner); err != nil {
 		return nil, err
 	}
+	want, anyUID := trustedOwner(euid, owner)
 	// Non-blocking: a unix socket connects at once or not at all, and a
 	// broker whose backlog is full (its owner stopped) must not block the
 	// attacher.
@@ -105,17 +107,36 @@ func dialSegment(path string) (*wireConn, error) {
 		c.close()
 		return nil, fmt.Errorf("peer credentials of %s: %w", path, err)
 	}
-	if euid != 0 && int(cred.Uid) != euid {
+	if !anyUID && int(cred.Uid) != want {
 		c.close()
-		return nil, fmt.Errorf("%w: the broker at %s runs as uid %d, want uid %d (this process's)", ErrUnsafeFile, path, cred.Uid, euid)
+		return nil, fmt.Errorf("%w: the broker at %s runs as uid %d, want uid %d (%s)", ErrUnsafeFile, path, cred.Uid, want, ownerSource(owner))
 	}
 	return c, nil
 }
 
-// checkSegmentFile decides whether a process running as euid may trust the
-// path st describes (lstat) as a segment socket: a socket, owned by euid
-// (any owner when euid is root), and not writable by other users.
-func checkSegmentFile(path string, st *unix.Stat_t, euid int) error {
+// trustedOwner is the uid whose segment an attacher running as euid
+// trusts: owner when named, else its own; any uid (anyUID) when it is root
+// and names none.
+func trustedOwner(euid, owner int) (want int, anyUID bool) {
+	if owner > 0 {
+		return owner, false
+	}
+	return euid, euid == 0
+}
+
+func ownerSource(owner int) string {
+	if owner > 0 {
+		return "the segment owner this frontend was given"
+	}
+	return "this process's"
+}
+
+// checkSegmentFile decides whether a process running as euid, trusting
+// segments of owner (0: its own user), may trust the path st describes
+// (lstat) as a segment socket: a socket, owned by the trusted user (any
+// owner when euid is root and names none), and not writable by other
+// users.
+func checkSegmentFile(path string, st *unix.Stat_t, euid, owner int) error {
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFSOCK:
 	case unix.S_IFLNK:
@@ -123,8 +144,8 @@ func checkSegmentFile(path string, st *unix.Stat_t, euid int) error {
 	default:
 		return fmt.Errorf("%w: %s is not a socket (mode %#o); remove it, the embedder creates the segment itself", ErrUnsafeFile, path, st.Mode)
 	}
-	if euid != 0 && int(st.Uid) != euid {
-		return fmt.Errorf("%w: %s is owned by uid %d, want uid %d (this process's): run the embedder, the accelerator and the frontends as the same user, or remove the file", ErrUnsafeFile, path, st.Uid, euid)
+	if want, anyUID := trustedOwner(euid, owner); !anyUID && int(st.Uid) != want {
+		return fmt.Errorf("%w: %s is owned by uid %d, want uid %d (%s): run the embedder and the accelerator as that user, give frontends of another user the embedder's uid (frontend --segment-owner-uid), or remove the file", ErrUnsafeFile, path, st.Uid, want, ownerSource(owner))
 	}
 	if st.Mode&0o002 != 0 {
 		return fmt.Errorf("%w: %s is writable by every user (mode %#o): remove it, or chmod o-w it (the segment is created 0600, or 0660 to share it with a group)", ErrUnsafeFile, path, st.Mode&0o7777)

@@ -104,23 +104,34 @@ func TestCheckSegmentFileOwner(t *testing.T) {
 	reg := func(uid uint32, mode uint32) *unix.Stat_t {
 		return &unix.Stat_t{Uid: uid, Mode: syscall.S_IFSOCK | mode}
 	}
-	if err := checkSegmentFile("/dev/shm/x", reg(1000, 0o600), 1000); err != nil {
+	if err := checkSegmentFile("/dev/shm/x", reg(1000, 0o600), 1000, 0); err != nil {
 		t.Errorf("own 0600 file refused: %v", err)
 	}
-	if err := checkSegmentFile("/dev/shm/x", reg(1000, 0o660), 1000); err != nil {
+	if err := checkSegmentFile("/dev/shm/x", reg(1000, 0o660), 1000, 0); err != nil {
 		t.Errorf("own 0660 file refused: %v", err)
 	}
-	err := checkSegmentFile("/dev/shm/x", reg(1001, 0o600), 1000)
+	err := checkSegmentFile("/dev/shm/x", reg(1001, 0o600), 1000, 0)
 	if !errors.Is(err, ErrUnsafeFile) || !strings.Contains(err.Error(), "uid 1001") || !strings.Contains(err.Error(), "uid 1000") || !strings.Contains(err.Error(), "/dev/shm/x") {
 		t.Errorf("another user's file: %v; want ErrUnsafeFile naming the path and both uids", err)
 	}
-	if err := checkSegmentFile("/dev/shm/x", reg(1001, 0o600), 0); err != nil {
+	if err := checkSegmentFile("/dev/shm/x", reg(1001, 0o600), 0, 0); err != nil {
 		t.Errorf("root refused another user's file: %v", err)
 	}
-	if err := checkSegmentFile("/dev/shm/x", reg(0, 0o602), 0); !errors.Is(err, ErrUnsafeFile) {
+	if err := checkSegmentFile("/dev/shm/x", reg(0, 0o602), 0, 0); !errors.Is(err, ErrUnsafeFile) {
 		t.Errorf("root accepted a world-writable file: %v", err)
 	}
-	if err := checkSegmentFile("/dev/shm/x", &unix.Stat_t{Uid: 1000, Mode: syscall.S_IFDIR | 0o700}, 1000); !errors.Is(err, ErrUnsafeFile) {
+	if err := checkSegmentFile("/dev/shm/x", &unix.Stat_t{Uid: 1000, Mode: syscall.S_IFDIR | 0o700}, 1000, 0); !errors.Is(err, ErrUnsafeFile) {
 		t.Errorf("a directory accepted: %v", err)
+	}
+	// A frontend of another user names the embedder's: that user's file
+	// is accepted, its own and everybody else's refused, root's rule too.
+	if err := checkSegmentFile("/dev/shm/x", reg(1000, 0o660), 1001, 1000); err != nil {
+		t.Errorf("the named owner's 0660 file refused: %v", err)
+	}
+	for _, c := range []struct{ uid, euid uint32 }{{1001, 1001}, {1002, 1001}, {1002, 0}} {
+		err := checkSegmentFile("/dev/shm/x", reg(c.uid, 0o660), int(c.euid), 1000)
+		if !errors.Is(err, ErrUnsafeFile) || !strings.Contains(err.Error(), "want uid 1000") || !strings.Contains(err.Error(), "--segment-owner-uid") {
+			t.Errorf("uid %d's file, euid %d naming owner 1000: %v; want ErrUnsafeFile naming uid 1000 and the flag", c.uid, c.euid, err)
+		}
 	}
 }

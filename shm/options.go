@@ -141,4 +141,11 @@ type AttachOptions struct {
 	// StaleAfter is the heartbeat age after which the owner and the
 	// accelerator count as dead; default DefaultStaleAfter.
 	StaleAfter time.Duration
+	// OwnerUID is the user the segment's socket and broker must belong
+	// to, for a frontend that runs as another user than the embedder: it
+	// then cannot signal the embedder, replace its socket or be given the
+	// accelerator's memory. 0: this process's own user (any user when
+	// this process is root). Root cannot be named: an embedder running as
+	// root has no business serving frontends of other users.
+	OwnerUID int
 }

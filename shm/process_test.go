@@ -51,6 +51,12 @@ func runHelper(name string) int {
 		err = helperFrontendTorn()
 	case "owner":
 		err = helperOwner()
+	case "owner-shared":
+		err = helperSharedOwner()
+	case "stranger":
+		err = helperStranger()
+	case "dial":
+		err = helperDial()
 	case "accelerator":
 		err = helperAccelerator()
 	case "ringer":
@@ -77,12 +83,22 @@ type child struct {
 
 func startChild(t *testing.T, helper string, env ...string) *child {
 	t.Helper()
+	return startChildAs(t, nil, os.Args[0], helper, env...)
+}
+
+// startChildAs starts the helper from the test binary at bin, as the user
+// cred names (nil: this process's).
+func startChildAs(t *testing.T, cred *syscall.Credential, bin, helper string, env ...string) *child {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), helperEnv+"="+helper), env...)
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	cmd.Stdout = w
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -113,11 +129,35 @@ func startChild(t *testing.T, helper string, env ...string) *child {
 
 func (c *child) pid() int { return c.cmd.Process.Pid }
 
+// refusals reads a helper's escape report: each "breach <what>" line (an
+// attempt that was not refused) fails the test, and the "refused <n>"
+// line that ends the report gives the count it returns.
+func (c *child) refusals(t *testing.T, who string, timeout time.Duration) int {
+	t.Helper()
+	rest := c.await(t, "refused", timeout, func(line string) {
+		if strings.HasPrefix(line, "breach") {
+			t.Errorf("%s: %s", who, line)
+		}
+	})
+	n, err := strconv.Atoi(rest)
+	if err != nil {
+		t.Fatalf("%s: bad report %q", who, rest)
+	}
+	return n
+}
+
 func (c *child) kill() { syscall.Kill(c.pid(), syscall.SIGKILL) }
 
 // expect waits for the child's next line starting with prefix and returns
 // the rest of it.
 func (c *child) expect(t *testing.T, prefix string, timeout time.Duration) string {
+	t.Helper()
+	return c.await(t, prefix, timeout, nil)
+}
+
+// await is expect, showing every line read before it to seen (when not
+// nil).
+func (c *child) await(t *testing.T, prefix string, timeout time.Duration, seen func(string)) string {
 	t.Helper()
 	deadline := time.After(timeout)
 	for {
@@ -129,6 +169,9 @@ func (c *child) expect(t *testing.T, prefix string, timeout time.Duration) strin
 			}
 			if rest, found := strings.CutPrefix(line, prefix); found {
 				return strings.TrimSpace(rest)
+			}
+			if seen != nil {
+				seen(line)
 			}
 		case <-deadline:
 			t.Fatalf("child did not print %q within %v", prefix, timeout)
@@ -434,7 +477,13 @@ func TestKilledProducerLeavesNoTornMessage(t *testing.T) {
 func helperOwner() error {
 	g := testGeometry()
 	g.Lanes = 1
-	s, err := Create(Options{Name: os.Getenv(pathEnv), Dir: testDirFor(), Geometry: g})
+	return serveAsOwner(Options{Name: os.Getenv(pathEnv), Dir: testDirFor(), Geometry: g})
+}
+
+// serveAsOwner creates a segment and completes every request of lane 0
+// whose id is below 1000, until killed.
+func serveAsOwner(opts Options) error {
+	s, err := Create(opts)
 	if err != nil {
 		return err
 	}
@@ -771,27 +820,8 @@ func TestHostileFrontendConfinedToItsLane(t *testing.T) {
 	})
 
 	c := startChild(t, "hostile", pathEnv+"="+s.Path(), fmt.Sprintf("%s=%d", ownerEnv, os.Getpid()))
-	// Breaches print before the count of refusals.
-	var got string
-	timeout := time.After(20 * time.Second)
-	for got == "" {
-		select {
-		case line, ok := <-c.lines:
-			if !ok {
-				t.Fatal("hostile helper exited early")
-			}
-			if strings.HasPrefix(line, "breach") {
-				t.Errorf("hostile frontend: %s", line)
-			}
-			if rest, found := strings.CutPrefix(line, "refused "); found {
-				got = rest
-			}
-		case <-timeout:
-			t.Fatal("hostile helper did not report")
-		}
-	}
-	if n, _ := strconv.Atoi(got); n < 10 {
-		t.Errorf("only %s attempts refused", got)
+	if n := c.refusals(t, "hostile frontend", 20*time.Second); n < 10 {
+		t.Errorf("only %d attempts refused", n)
 	}
 	// The honest lane keeps serving while the hostile one scribbles.
 	deadline := time.Now().Add(2 * time.Second)

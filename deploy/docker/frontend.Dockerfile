@@ -22,7 +22,9 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cli/cmd/recmesh
 FROM ${RUNTIME_IMAGE}
 COPY --from=build /out/frontend /out/recmesh /usr/local/bin/
 # Every recmesh image runs as 65532 (distroless "nonroot"), so the segment
-# files one process creates in the shared /dev/shm are the others' to map.
+# one process creates in the shared /dev/shm is the others' to attach to;
+# compose.yaml runs the frontends as 65533 in the group 65532 instead
+# (docs/security.md, "Frontends as another user").
 USER 65532:65532
 # RECMESH_METRICS_ADDR is a range: replicas that share one network namespace
 # (compose --scale) each bind the first free port in it. The binary's default

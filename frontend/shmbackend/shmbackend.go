@@ -51,6 +51,9 @@ const (
 // Options configure a Backend.
 type Options struct {
 	ShmDir, Segment string
+	// OwnerUID is the embedder's uid when this frontend runs as another
+	// user (shm.AttachOptions.OwnerUID); 0: this process's own.
+	OwnerUID int
 	// Model is the served model's config (request layout, model id).
 	Model    model.Config
 	FullWait time.Duration
@@ -194,7 +197,7 @@ func (b *Backend) attach() (*attachment, error) {
 	// Any model id: a rollout switches models under the frontend. The
 	// request layout is fixed by the DLRMv2 contract, and the embedder
 	// bounds-checks every id against its own tables.
-	seg, err := shm.Attach(path, shm.AttachOptions{})
+	seg, err := shm.Attach(path, shm.AttachOptions{OwnerUID: b.opts.OwnerUID})
 	if err != nil {
 		return nil, err
 	}

@@ -40,8 +40,19 @@ type Identities struct {
 // process of that role.
 func (ids *Identities) Seed(role control.Role) string { return ids.seeds[role] }
 
+// seedMode is the permission of a role's seed file: 0600, except the
+// frontends' 0640, since frontends may run as another user in the mesh's
+// group (docs/security.md); their seed's directory is mounted into the
+// frontends alone.
+func seedMode(role control.Role) os.FileMode {
+	if role == control.RoleFrontend {
+		return 0o640
+	}
+	return 0o600
+}
+
 // Generate creates an nkey per role, writes each seed to
-// dir/<role>/<role>.nk (mode 0600) and the server's configuration to
+// dir/<role>/<role>.nk (seedMode) and the server's configuration to
 // dir/server/auth.conf, for a NATS server started with -c (docker compose
 // does). One directory per role lets a deployment hand each process its
 // own seed only (compose mounts one volume per role).
@@ -62,11 +73,15 @@ func Generate(dir string) (*Identities, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := os.MkdirAll(filepath.Join(dir, string(role)), 0o700); err != nil {
+		dirMode := os.FileMode(0o700)
+		if seedMode(role)&0o040 != 0 {
+			dirMode = 0o750 // the group may reach the seed it may read
+		}
+		if err := os.MkdirAll(filepath.Join(dir, string(role)), dirMode); err != nil {
 			return nil, fmt.Errorf("meshnats: %w", err)
 		}
 		path := filepath.Join(dir, string(role), string(role)+".nk")
-		if err := writeFile(path, append(seed, '\n'), 0o600); err != nil {
+		if err := writeFile(path, append(seed, '\n'), seedMode(role)); err != nil {
 			return nil, fmt.Errorf("meshnats: write %s: %w", path, err)
 		}
 		ids.seeds[role] = path

@@ -65,6 +65,7 @@ func run(args []string) error {
 		modelRoot   = fs.String("model-root", "", "directory rollouts may load bundles from, and where the serving model is recorded (empty: the directory holding --bundle)")
 		shmDir      = fs.String("shm-dir", shm.DefaultDir, "directory of the shared-memory segment (/dev/shm or a hugetlbfs mount)")
 		segment     = fs.String("segment", embedder.DefaultSegment, "segment file name")
+		segmentMode = fs.String("segment-mode", "0600", "permission of the segment socket: 0600 (this user's processes only), or 0660 to admit frontends that run as other users in this process's group (give them --segment-owner-uid)")
 		lanes       = fs.Int("lanes", embedder.DefaultLanes, "frontend lanes (frontends that can attach at once)")
 		mode        = fs.String("batch-mode", "slo", "batching: slo (merge model calls while the device is busy, as large as the latency target allows; shed what cannot meet it), none (one lookup and model call per request), model (merge model calls whenever the device is busy), full (merge lookups and model calls within --batch-window)")
 		target      = fs.Duration("latency-target", batch.DefaultLatencyTarget, "slo mode: the end-to-end p99 budget batches are sized for and requests are admitted against")
@@ -107,6 +108,15 @@ func run(args []string) error {
 	if *target < time.Millisecond || *target > time.Minute {
 		return fmt.Errorf("--latency-target %v: want 1ms..1m", *target)
 	}
+	var sockMode os.FileMode
+	switch *segmentMode {
+	case "0600", "600":
+		sockMode = 0o600
+	case "0660", "660":
+		sockMode = 0o660
+	default:
+		return fmt.Errorf("--segment-mode %q: want 0600, or 0660 to share the segment with this process's group", *segmentMode)
+	}
 	if *sloBatchMiB < 1 || *sloBatchMiB > 1<<16 {
 		return fmt.Errorf("--slo-batch-mib %d: want 1..65536", *sloBatchMiB)
 	}
@@ -144,7 +154,7 @@ func run(args []string) error {
 		tel.Log.Info("serving the rolled-out model recorded in the model root", "bundle", startBundle, "record", filepath.Join(root.Dir(), model.ServingFile), "flag_bundle", *bundle)
 	}
 	e, err := embedder.New(embedder.Options{
-		Bundle: startBundle, ShmDir: *shmDir, Segment: *segment, Lanes: *lanes,
+		Bundle: startBundle, ShmDir: *shmDir, Segment: *segment, SegmentMode: sockMode, Lanes: *lanes,
 		Mode: m, MaxBatch: *maxBatch, Window: *window, LatencyTarget: *target, SLOBatchBytes: int64(*sloBatchMiB) << 20, Workers: *workers, Staging: *staging, LazySegment: !*reserve,
 		Log: tel.Log, Registry: tel.Registry, OnGeneration: announce, Tracer: tel.Tracer,
 	})

@@ -70,6 +70,7 @@ type config struct {
 	backend        string
 	shmDir         string
 	segment        string
+	segmentOwner   int
 	natsURL        string
 	referenceDelay time.Duration
 	drainDelay     time.Duration
@@ -109,6 +110,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.backend, "backend", defaultBackend, "model backend: shm (the mesh: a lane of the embedder's shared-memory segment) or reference (development and tests: scores in-process from --bundle)")
 	fs.StringVar(&c.shmDir, "shm-dir", shm.DefaultDir, "shm backend: directory of the embedder's segment")
 	fs.StringVar(&c.segment, "segment", shmbackend.DefaultSegment, "shm backend: segment file name")
+	fs.IntVar(&c.segmentOwner, "segment-owner-uid", 0, "shm backend: the uid the embedder runs as, when this frontend runs as another user (in the group the embedder's --segment-mode 0660 admits), so it cannot signal the embedder, replace its socket or take the accelerator's memory; 0: this process's own uid")
 	fs.StringVar(&c.natsURL, "nats-url", "", "NATS server of the control plane (default $NATS_URL; empty: none, new generations are then found by watching the segment file)")
 	fs.DurationVar(&c.referenceDelay, "reference-delay", 0, "reference backend only, for tests: extra delay per call")
 	fs.DurationVar(&c.drainDelay, "drain-delay", frontend.DefaultDrainDelay, "on SIGTERM, keep serving unready this long before refusing new calls")
@@ -151,6 +153,9 @@ func finishFlags(fs *flag.FlagSet, c *config) error {
 	}
 	if c.referenceDelay < 0 {
 		return fmt.Errorf("--reference-delay: %v is negative", c.referenceDelay)
+	}
+	if c.segmentOwner < 0 {
+		return fmt.Errorf("--segment-owner-uid: %d is not a uid (0 for this process's own)", c.segmentOwner)
 	}
 	return nil
 }
@@ -319,7 +324,7 @@ func readModelConfig(dir string) (model.Config, error) {
 func newBackend(c config, cfg model.Config, log *slog.Logger, notify <-chan struct{}) (frontend.Backend, error) {
 	switch c.backend {
 	case "shm":
-		return shmbackend.New(shmbackend.Options{ShmDir: c.shmDir, Segment: c.segment, Model: cfg,
+		return shmbackend.New(shmbackend.Options{ShmDir: c.shmDir, Segment: c.segment, OwnerUID: c.segmentOwner, Model: cfg,
 			LatencyTarget: c.latencyTarget, Log: log, Notify: notify})
 	case "reference":
 		b, err := model.Open(c.bundle)

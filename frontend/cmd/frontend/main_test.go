@@ -108,6 +108,7 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{"bad port", nil, []string{"--port=70000"}, "--port: 70000 is not a port number"},
 		{"stray argument", nil, []string{"serve"}, `unexpected argument "serve"`},
 		{"negative reference delay", nil, []string{"--reference-delay=-1s"}, "--reference-delay: -1s is negative"},
+		{"negative segment owner", nil, []string{"--segment-owner-uid=-1"}, "--segment-owner-uid: -1 is not a uid"},
 		{"no bundle", nil, []string{"--bundle=" + dir + "/missing"}, "--bundle=" + dir + "/missing: open"},
 		{"unknown backend", nil, []string{"--bundle=" + dir, "--backend=gpu"}, `--backend: unknown backend "gpu"`},
 		{"max batch", nil, []string{"--bundle=" + dir, "--max-batch=100000"}, "--max-batch: 100000 is not in 1..65536"},

@@ -1,0 +1,230 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Frontends running as another user than the embedder (docs/security.md,
+// "Frontends as another user"): the embedder creates the segment socket
+// 0660 for a group the frontends belong to, and the frontends name the
+// embedder's uid (AttachOptions.OwnerUID). What a frontend of the same user
+// could still do outside shared memory is then refused by the kernel or the
+// broker.
+
+const (
+	dirEnv      = "RECMESH_SHM_DIR"
+	ownerUIDEnv = "RECMESH_SHM_OWNER_UID"
+)
+
+// The users of the test: the embedder's, and a frontend's in the
+// embedder's group. Unassigned in the images and on this machine.
+const (
+	meshUID     = 65532
+	frontendUID = 65533
+)
+
+// helperSharedOwner is an embedder sharing its segment with its group.
+func helperSharedOwner() error {
+	g := testGeometry()
+	g.Lanes = 1
+	return serveAsOwner(Options{Name: os.Getenv(pathEnv), Dir: os.Getenv(dirEnv), Mode: 0o660, Geometry: g})
+}
+
+// helperStranger is a frontend of another user: it is served, and every
+// way to reach past its lane that the same user would have is refused. It
+// prints "served", "breach <what>" for an attempt that was not refused,
+// and "refused <n>".
+func helperStranger() error {
+	path := os.Getenv(pathEnv)
+	owner, _ := strconv.Atoi(os.Getenv(ownerEnv))
+	ownerUID, _ := strconv.Atoi(os.Getenv(ownerUIDEnv))
+	refused := 0
+	check := func(what string, err, want error) {
+		if err != nil && errors.Is(err, want) {
+			refused++
+			return
+		}
+		fmt.Printf("breach %s: %v\n", what, err)
+	}
+	// Not naming the owner, it trusts only its own user's segments.
+	if s, err := Attach(path, AttachOptions{}); err == nil {
+		s.Close()
+		check("attach without naming the owner", nil, ErrUnsafeFile)
+	} else {
+		check("attach without naming the owner", err, ErrUnsafeFile)
+	}
+	s, err := Attach(path, AttachOptions{OwnerUID: ownerUID})
+	if err != nil {
+		return err
+	}
+	l, err := s.ClaimLane(os.Getpid())
+	if err != nil {
+		return err
+	}
+	slot, payload, err := l.Claim(1, 8)
+	if err != nil {
+		return err
+	}
+	put64(payload, 0, 7)
+	if err := l.Commit(slot, RequestMeta{ID: 7}); err != nil {
+		return err
+	}
+	if err := reapCompletions(l, true); err != nil {
+		return err
+	}
+	fmt.Println("served")
+
+	check("signal the embedder", unix.Kill(owner, unix.SIGTERM), unix.EPERM)
+	check("remove the segment socket", unix.Unlink(path), unix.EPERM)
+	// A socket of its own renamed over the path, which later attachers
+	// would reach.
+	planted := filepath.Join(filepath.Dir(path), ".planted.sock")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: planted}); err != nil {
+		return err
+	}
+	defer unix.Unlink(planted)
+	check("replace the segment socket", unix.Rename(planted, path), unix.EPERM)
+	// No accelerator is attached: only the user check stands between a
+	// frontend and the accelerator's memory.
+	check("become the accelerator", s.SetAccelerator(os.Getpid()), ErrNotOwner)
+	fmt.Println("refused", refused)
+	return nil
+}
+
+// A frontend running as another user, in the embedder's group, attaches to
+// a 0660 segment when it names the embedder's uid, is served through it,
+// and cannot signal the embedder, remove or replace its socket, or be given
+// the accelerator's memory while none is attached; a user outside the
+// group cannot connect at all. Needs root (to start processes as other
+// users).
+func TestFrontendOfAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("starts processes as other users: needs root")
+	}
+	// Helpers of other users need a test binary and a segment directory
+	// they can reach: a copy of the binary in a 0755 directory, and a
+	// sticky world-writable directory, as /dev/shm is.
+	bin := shareTestBinary(t)
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	segDir := filepath.Join(dir, "shm")
+	if err := os.Mkdir(segDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(segDir, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	name := testName(t)
+	owner := startChildAs(t, &syscall.Credential{Uid: meshUID, Gid: meshUID}, bin, "owner-shared",
+		pathEnv+"="+name, dirEnv+"="+segDir)
+	path := owner.expect(t, "ready", 20*time.Second)
+
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != meshUID || st.Mode&0o777 != 0o660 {
+		t.Fatalf("segment socket uid %d mode %#o, want uid %d mode 0660", st.Uid, st.Mode&0o777, meshUID)
+	}
+
+	fe := startChildAs(t, &syscall.Credential{Uid: frontendUID, Gid: frontendUID, Groups: []uint32{meshUID}}, bin, "stranger",
+		pathEnv+"="+path, fmt.Sprintf("%s=%d", ownerEnv, owner.pid()), fmt.Sprintf("%s=%d", ownerUIDEnv, meshUID))
+	if n := fe.refusals(t, "frontend of another user", 20*time.Second); n != 5 {
+		t.Errorf("%d of 5 attempts refused", n)
+	}
+	select {
+	case <-owner.exited:
+		t.Fatalf("the embedder exited: %v", owner.err)
+	default:
+	}
+	if err := unix.Lstat(path, &st); err != nil || st.Uid != meshUID {
+		t.Fatalf("the segment socket changed: uid %d, %v", st.Uid, err)
+	}
+
+	// A user outside the group cannot connect to the 0660 socket.
+	if out := asUser(t, 65534, 65534, bin, path); !strings.Contains(out, "permission denied") {
+		t.Errorf("a user outside the embedder's group: %q; want the connection refused with permission denied", out)
+	}
+}
+
+// shareTestBinary copies the test binary where other users can run it:
+// go test builds it in a directory only this user may enter.
+func shareTestBinary(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "recmesh-shm-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.Open(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	bin := filepath.Join(dir, "shm.test")
+	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// asUser runs the "dial" helper as uid:gid against path and returns what
+// it printed.
+func asUser(t *testing.T, uid, gid uint32, bin, path string) string {
+	t.Helper()
+	c := startChildAs(t, &syscall.Credential{Uid: uid, Gid: gid}, bin, "dial", pathEnv+"="+path)
+	var lines []string
+	for line := range c.lines {
+		lines = append(lines, line)
+	}
+	<-c.exited
+	return strings.Join(lines, "\n")
+}
+
+// helperDial attaches to the segment at the path naming its owner, and
+// prints the outcome.
+func helperDial() error {
+	path := os.Getenv(pathEnv)
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return err
+	}
+	s, err := Attach(path, AttachOptions{OwnerUID: int(st.Uid)})
+	if err != nil {
+		fmt.Println("attach:", strings.ToLower(err.Error()))
+		return nil
+	}
+	s.Close()
+	fmt.Println("attached")
+	return nil
+}
