@@ -57,12 +57,11 @@ type dispatcher struct {
 // at 118-123 µs through the same overload and recovered at once.
 const DefaultSLOBatchBytes = 16 << 20
 
-// mergeRows is the largest power of two of examples whose staged rows fit
-// SLOBatchBytes (at least 1, at most MaxBatch).
+// mergeRows is the largest power of two of examples whose staging region
+// (model.Config.Staging) fits SLOBatchBytes (at least 1, at most MaxBatch).
 func mergeRows(cfg model.Config, o Options) int {
-	per := int64(len(cfg.VocabSizes)*cfg.EmbeddingDim+cfg.NumDense) * 4
 	rows := 1
-	for rows < o.MaxBatch && int64(2*rows)*per <= o.SLOBatchBytes {
+	for rows < o.MaxBatch && int64(cfg.Staging(2*rows).Size) <= o.SLOBatchBytes {
 		rows *= 2
 	}
 	return min(rows, o.MaxBatch)

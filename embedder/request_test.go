@@ -227,18 +227,18 @@ func sameBits(a, b []float32) bool {
 }
 
 // TestMergeRows: SLO mode's merge bound is the largest power of two of
-// examples whose staged rows fit the byte budget, within MaxBatch.
+// examples whose staging region fits the byte budget, within MaxBatch.
 func TestMergeRows(t *testing.T) {
 	cfg := model.Config{NumDense: model.NumDense, EmbeddingDim: model.EmbeddingDim, VocabSizes: make([]int, model.NumTables)}
-	per := int64(model.NumTables*model.EmbeddingDim+model.NumDense) * 4 // 13,364 bytes
+	full := int64(cfg.Staging(1024).Size) // 13.1 MiB; 2,048 rows would take 26.1
 	for _, c := range []struct {
 		budget   int64
 		maxBatch int
 		want     int
 	}{
-		{DefaultSLOBatchBytes, 4096, 1024}, // 1,024 × 13,364 B = 13.1 MiB; 2,048 would be 26.1
-		{1024 * per, 4096, 1024},           // exactly full
-		{1024*per - 1, 4096, 512},
+		{DefaultSLOBatchBytes, 4096, 1024},
+		{full, 4096, 1024}, // exactly full
+		{full - 1, 4096, 512},
 		{DefaultSLOBatchBytes, 256, 256}, // MaxBatch binds first
 		{1, 4096, 1},                     // a budget below one example still merges nothing
 	} {

@@ -120,13 +120,13 @@ func TestFrontendOfAnotherUser(t *testing.T) {
 	// Helpers of other users need a test binary and a segment directory
 	// they can reach: a copy of the binary in a 0755 directory, and a
 	// sticky world-writable directory, as /dev/shm is.
-	bin := shareTestBinary(t)
 	dir := t.TempDir()
 	for _, d := range []string{filepath.Dir(dir), dir} {
 		if err := os.Chmod(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
+	bin := copyTestBinary(t, dir)
 	segDir := filepath.Join(dir, "shm")
 	if err := os.Mkdir(segDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -167,18 +167,10 @@ func TestFrontendOfAnotherUser(t *testing.T) {
 	}
 }
 
-// shareTestBinary copies the test binary where other users can run it:
-// go test builds it in a directory only this user may enter.
-func shareTestBinary(t *testing.T) string {
+// copyTestBinary copies the test binary into dir, where other users can
+// run it: go test builds it in a directory only this user may enter.
+func copyTestBinary(t *testing.T, dir string) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "recmesh-shm-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	src, err := os.Open(os.Args[0])
 	if err != nil {
 		t.Fatal(err)

@@ -25,9 +25,9 @@
 # measures overload, not drift. One minute of open-loop load at 80 % of
 # the peak then warms the mesh up unmeasured (the first minute after
 # start-up pays page faults and the execution-time estimates' settling,
-# which is not drift). Each measured minute is one
-# loadgen point (open loop, Poisson arrivals, B_req 16, the mesh's
-# processes monitored), kept as OUT_DIR/minute-<i>.json. The last line is
+# which is not drift). Each measured minute is one loadgen point (open
+# loop, Poisson arrivals, B_req 16, the mesh's processes monitored), kept
+# as OUT_DIR/minute-<i>.json. The last line is
 #
 #   soak: minutes=<m> requests=<n> errors=<e> rss_drift_pct=<d> p99_ms_min=<a> p99_ms_max=<b>
 #
