@@ -66,6 +66,16 @@ const (
 	// DefaultMaxStreams caps the concurrent streams (calls) of one
 	// connection, so one client cannot take the whole in-flight budget.
 	DefaultMaxStreams = 1024
+	// DefaultStreamWorkers is how many goroutines are kept to run calls.
+	// grpc-go otherwise starts a goroutine per call, whose stack then grows
+	// through the handler and the protobuf decoder on every call:
+	// runtime.morestack was 6 % of a frontend's CPU at B_req 1 in perf
+	// (make bench's hostbound workload), and nothing with them. A call
+	// arriving while every worker is busy gets its own goroutine as before,
+	// so the count bounds idle memory (a grown stack each), not concurrency.
+	DefaultStreamWorkers = 64
+	// maxStreamWorkers bounds StreamWorkers: each idle one holds a stack.
+	maxStreamWorkers = 1 << 16
 	// Steering modes (Options.Steering).
 	SteeringOff        = ""
 	SteeringAuto       = "auto"
@@ -162,6 +172,10 @@ type Options struct {
 	// MaxStreams is gRPC's MaxConcurrentStreams: the most calls one
 	// connection may have open. Default DefaultMaxStreams.
 	MaxStreams int
+
+	// StreamWorkers is how many long-lived goroutines run calls (gRPC's
+	// NumStreamWorkers). Default DefaultStreamWorkers.
+	StreamWorkers int
 
 	// Registerer receives the recmesh_frontend_* metrics. Default: a new
 	// registry of the server's own (never the global default registry).
@@ -283,6 +297,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.MaxStreams < 0 || o.MaxStreams > 1<<20 {
 		return o, optionErr("MaxStreams", "%d is not in 1..%d", o.MaxStreams, 1<<20)
+	}
+	if o.StreamWorkers == 0 {
+		o.StreamWorkers = DefaultStreamWorkers
+	}
+	if o.StreamWorkers < 0 || o.StreamWorkers > maxStreamWorkers {
+		return o, optionErr("StreamWorkers", "%d is not in 1..%d", o.StreamWorkers, maxStreamWorkers)
 	}
 	if o.ReadyPollInterval < 0 {
 		return o, optionErr("ReadyPollInterval", "%v is negative", o.ReadyPollInterval)

@@ -34,13 +34,15 @@ const metricsShutdownTimeout = 2 * time.Second
 // Server is one frontend process's gRPC server. Build it with New, then
 // call Run once; Listen may be called before Run to learn the addresses.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	svc     *service
-	grpc    *grpc.Server
-	health  *health.Server
-	metrics *metrics
-	http    *http.Server
+	opts Options
+	log  *slog.Logger
+	svc  *service
+	// grpc is made by Run from grpcOpts.
+	grpc     *grpc.Server
+	grpcOpts []grpc.ServerOption
+	health   *health.Server
+	metrics  *metrics
+	http     *http.Server
 
 	// draining turns readiness off for good once shutdown begins.
 	draining atomic.Bool
@@ -88,6 +90,7 @@ func New(opts Options) (*Server, error) {
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvMsgSize(opts.MaxBatch, s.svc.schema.width)),
 		grpc.MaxConcurrentStreams(uint32(opts.MaxStreams)),
+		grpc.NumStreamWorkers(uint32(opts.StreamWorkers)),
 		// A client may ping no more often than every 10 s (more is a
 		// GOAWAY), idle connections are pinged after a minute and closed
 		// when the ping goes unanswered, so dead peers do not pile up.
@@ -112,10 +115,7 @@ func New(opts Options) (*Server, error) {
 			otelgrpc.WithFilter(filters.Not(filters.HealthCheck())),
 		)))
 	}
-	s.grpc = grpc.NewServer(sopts...)
-	inference.RegisterGRPCInferenceServiceServer(s.grpc, s.svc)
-	healthpb.RegisterHealthServer(s.grpc, s.health)
-	reflection.Register(s.grpc)
+	s.grpcOpts = sopts
 	s.setServing(false)
 
 	if opts.MetricsAddr != MetricsOff {
@@ -254,6 +254,12 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	if err := s.Listen(); err != nil {
 		return err
 	}
+	// The gRPC server is made here, not in New: its stream workers run
+	// from NewServer until Stop, which only Run's drain calls.
+	s.grpc = grpc.NewServer(s.grpcOpts...)
+	inference.RegisterGRPCInferenceServiceServer(s.grpc, s.svc)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
 	attrs := []any{"addr", s.Addr().String(), "model", s.opts.ModelName, "version", s.opts.ModelVersion, "max_batch", s.opts.MaxBatch}
 	if s.mlis != nil {
 		attrs = append(attrs, "metrics_addr", s.mlis.Addr().String())

@@ -464,6 +464,8 @@ func TestOptionErrors(t *testing.T) {
 		{"max batch negative", func(o *Options) { o.MaxBatch = -1 }, "MaxBatch", false},
 		{"drain timeout negative", func(o *Options) { o.DrainTimeout = -time.Second }, "DrainTimeout", false},
 		{"drain delay negative", func(o *Options) { o.DrainDelay = -time.Second }, "DrainDelay", false},
+		{"stream workers negative", func(o *Options) { o.StreamWorkers = -1 }, "StreamWorkers", false},
+		{"stream workers too many", func(o *Options) { o.StreamWorkers = maxStreamWorkers + 1 }, "StreamWorkers", false},
 		{"listen busy", func(o *Options) { o.Listen = busy.Addr().String() }, "Listen", true},
 		{"listen malformed", func(o *Options) { o.Listen = "127.0.0.1:notaport" }, "Listen", true},
 		{"metrics busy", func(o *Options) { o.MetricsAddr = busy.Addr().String() }, "MetricsAddr", true},
@@ -571,5 +573,39 @@ func TestServerBounds(t *testing.T) {
 	// Capacity is back once they finish.
 	if _, err := ts2.api.ModelInfer(context.Background(), req); err != nil {
 		t.Errorf("call after the others finished: %v", err)
+	}
+}
+
+// TestCallsBeyondStreamWorkers: the stream workers bound idle goroutines,
+// not concurrency: with 2 workers, 8 calls are all inside the backend at
+// once, and all succeed when it lets them go.
+func TestCallsBeyondStreamWorkers(t *testing.T) {
+	const calls = 8
+	f := newFakeBackend()
+	f.block = make(chan struct{})
+	f.entered = make(chan struct{}, calls)
+	ts := startServer(t, f, func(o *Options) { o.StreamWorkers = 2 })
+	dense, sparse := inputs(1)
+	errs := make(chan error, calls)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for range calls {
+		go func() {
+			_, err := ts.api.ModelInfer(ctx, rawRequest(dense, sparse, 1, false))
+			errs <- err
+		}()
+	}
+	for i := range calls {
+		select {
+		case <-f.entered:
+		case <-ctx.Done():
+			t.Fatalf("%d of %d calls reached the backend at once", i, calls)
+		}
+	}
+	close(f.block)
+	for range calls {
+		if err := <-errs; err != nil {
+			t.Errorf("call failed: %v", err)
+		}
 	}
 }

@@ -113,6 +113,7 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{"unknown backend", nil, []string{"--bundle=" + dir, "--backend=gpu"}, `--backend: unknown backend "gpu"`},
 		{"max batch", nil, []string{"--bundle=" + dir, "--max-batch=100000"}, "--max-batch: 100000 is not in 1..65536"},
 		{"drain timeout", nil, []string{"--bundle=" + dir, "--drain-timeout=-1s"}, "--drain-timeout: -1s is negative"},
+		{"stream workers", nil, []string{"--bundle=" + dir, "--stream-workers=-2"}, "--stream-workers: -2 is not in 1..65536"},
 		{"listen busy", nil, []string{"--bundle=" + dir, "--listen=" + busy.Addr().String(), "--metrics-addr=off"},
 			"--listen (or --port): bind " + busy.Addr().String()},
 		{"steering", nil, []string{"--bundle=" + dir, "--steering=magic"}, `--steering: "magic": want`},
