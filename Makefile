@@ -112,7 +112,7 @@ e2e-steering: deps
 ## plugin, and on jaxlib's own CPU backend), per bucket, on one core; see
 ## accelerator/jaxbench/benchmodel.py.
 BENCH_MODEL_BUNDLE ?= $(DEV_BUNDLE)
-BENCH_MODEL_ARGS   ?= --cpu 0 --buckets 1,16,128 --rounds 3 --duration 1 --jax-default-client
+BENCH_MODEL_ARGS   ?= --cpu 0 --buckets 1,16,128 --rounds 4 --duration 1 --jax-default-client
 
 bench-model: deps $(DEV_BUNDLE)/model.safetensors
 	@mkdir -p $(DEPS)/bench-model

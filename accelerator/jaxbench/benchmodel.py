@@ -11,10 +11,23 @@ Every round runs, one after the other and each pinned to the same core
   3. jaxbench.py --backend builtin (JAX's program on jaxlib's CPU backend),
 
 so that a slow spell of a shared machine hits every arm alike. Rounds
-interleave the arms; the printed figure is the median over rounds, with the
-range beside it. The last lines are
+interleave the arms, and every other round runs them in the reverse order,
+so that neither the PJRT arm nor JAX's always runs first after a pause. The
+printed throughputs are medians over rounds, with the range beside them;
+ratio is the median over rounds of that round's examples_per_s /
+jax_examples_per_s, a paired comparison: the machine's speed drifts by
+minutes (threefold within an hour on the shared 2-core VM this was written
+on), and the two arms of one round run back to back, so the drift cancels
+in their ratio where it would not in a ratio of medians.
 
-  model: bucket=<b> examples_per_s=<x> jax_examples_per_s=<y> ratio=<x/y> jax_builtin_examples_per_s=<z> ...
+Then `accelerator hlobench` times the two programs alone: the StableHLO the
+accelerator compiles and the one JAX lowered (written by round 1's arms),
+both compiled and run by the accelerator's runtime in one process,
+alternating, for as many rounds; program_ratio is the median over those
+rounds of recmesh's calls/s over JAX's. Where ratio and program_ratio part,
+the difference is in the runtimes, not the programs. The last lines are
+
+  model: bucket=<b> examples_per_s=<x> jax_examples_per_s=<y> ratio=<x/y, paired> jax_builtin_examples_per_s=<z> ...
 
 Usage (the Makefile fills these in):
 
@@ -26,8 +39,10 @@ import argparse
 import os
 import re
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIELD = re.compile(r"(\w+)=(\"[^\"]*\"|\S+)")
@@ -91,16 +106,26 @@ def main(argv=None):
     jax_on_plugin = True
 
     arms = {"pjrt": [], "jax": [], "builtin": [], "jax_default": []}
-    for r in range(args.rounds):
+    # JAX's client on the plugin gets the settings the accelerator gave its
+    # own (read from its header), so the ratio compares programs, not
+    # thread pools.
+    header = {}
+
+    # Round 1 also writes the StableHLO of both programs, for hlobench.
+    dumps = tempfile.mkdtemp(prefix="bench-model-")
+    dump = {name: os.path.join(dumps, name) for name in ("recmesh", "jax", "builtin")}
+
+    def time_pjrt(echo):
         out = run(pin + [args.accelerator, "bench", "--bundle", args.bundle, "--buckets", args.buckets,
-                         "--duration", f"{args.duration}s"], echo=(r == 0))
-        header = {}
+                         "--duration", f"{args.duration}s"] + (["--dump-program", dump["recmesh"]] if echo else []),
+                  echo=echo)
         for line in out.splitlines():
             if line.startswith("model: ") and "bucket=" not in line:
                 header.update(fields(line))
         arms["pjrt"].append(per_bucket(out, "model: "))
-        # JAX's client on the plugin gets the settings the accelerator gave
-        # its own, so the ratio compares programs, not thread pools.
+
+    def time_jax(echo):
+        nonlocal jax_on_plugin
         env = dict(os.environ)
         opts = []
         if header.get("xla_threads"):
@@ -108,7 +133,8 @@ def main(argv=None):
         if header.get("cpu_device_count"):
             opts = ["--plugin-option", "cpu_device_count=" + header["cpu_device_count"]]
         if jax_on_plugin:
-            out = run(pin + jaxbench + ["--backend", "plugin"] + opts, env=env, echo=(r == 0),
+            out = run(pin + jaxbench + ["--backend", "plugin"] + opts
+                      + (["--dump-stablehlo", dump["jax"]] if echo else []), env=env, echo=echo,
                       may_fail=args.platform != "cpu")
             if out is None:
                 jax_on_plugin = False
@@ -116,16 +142,50 @@ def main(argv=None):
                       f"{args.platform} backend", flush=True)
             else:
                 arms["jax"].append(per_bucket(out, "jax: "))
-        out = run(pin + jaxbench + ["--backend", "builtin"], echo=(r == 0))
+
+    def time_builtin(echo):
+        out = run(pin + jaxbench + ["--backend", "builtin"]
+                  + (["--dump-stablehlo", dump["builtin"]] if echo else []), echo=echo)
         arms["builtin"].append(per_bucket(out, "jax: "))
+
+    def time_default(echo):
+        out = run(pin + jaxbench + ["--backend", "plugin"])
+        arms["jax_default"].append(per_bucket(out, "jax: "))
+
+    for r in range(args.rounds):
+        order = [time_pjrt, time_jax, time_builtin] + ([time_default] if args.jax_default_client else [])
+        if r % 2 == 1 and header:
+            order.reverse()  # the header (the PJRT arm's settings) is known after round 1
+        for timer in order:
+            timer(echo=(r == 0))
         if not jax_on_plugin:
             arms["jax"] = list(arms["builtin"])
-        if args.jax_default_client:
-            out = run(pin + jaxbench + ["--backend", "plugin"])
-            arms["jax_default"].append(per_bucket(out, "jax: "))
         print(f"model: round={r + 1}/{args.rounds} " + " ".join(
             f"b{b}={arms['pjrt'][-1][b]:.0f}/{arms['jax'][-1][b]:.0f}/{arms['builtin'][-1][b]:.0f}" for b in buckets)
             + " (pjrt/jax/jax_builtin examples/s)", flush=True)
+
+    # The programs themselves, with everything else held equal: recmesh's
+    # and JAX's StableHLO compiled and run by the accelerator's runtime, in
+    # one process, alternating, as many rounds as above.
+    jax_dir = dump["jax"] if jax_on_plugin else dump["builtin"]
+    programs = []
+    for b in buckets:
+        programs += [os.path.join(dump["recmesh"], f"recmesh_b{b}.mlir"), os.path.join(jax_dir, f"jax_b{b}.mlir")]
+    hlo_cmd = pin + [args.accelerator, "hlobench", "--rounds", str(args.rounds), "--duration", f"{args.duration}s"]
+    for prog in programs:
+        hlo_cmd += ["--program", prog]
+    out = run(hlo_cmd, echo=True)
+    shutil.rmtree(dumps, ignore_errors=True)
+    hlo = {}  # round -> program file -> calls/s
+    for line in out.splitlines():
+        f = fields(line)
+        if line.startswith("hlo: round="):
+            hlo.setdefault(f["round"], {})[f["program"]] = float(f["calls_per_s"])
+
+    def program_ratio(b):
+        """The median over hlobench's rounds of recmesh's program's calls/s
+        over JAX's, at bucket b."""
+        return statistics.median(r[f"recmesh_b{b}.mlir"] / r[f"jax_b{b}.mlir"] for r in hlo.values())
 
     def med(arm, b):
         return statistics.median(run_[b] for run_ in arms[arm])
@@ -134,14 +194,19 @@ def main(argv=None):
         v = [run_[b] for run_ in arms[arm]]
         return f"{min(v):.0f}-{max(v):.0f}"
 
+    def paired(arm, b):
+        """The median over rounds of the round's PJRT / arm ratio."""
+        return statistics.median(p[b] / o[b] for p, o in zip(arms["pjrt"], arms[arm]))
+
     for b in buckets:
         x, y, z = med("pjrt", b), med("jax", b), med("builtin", b)
-        line = (f"model: bucket={b} examples_per_s={x:.0f} jax_examples_per_s={y:.0f} ratio={x / y:.2f} "
-                f"jax_builtin_examples_per_s={z:.0f} builtin_ratio={x / z:.2f} "
+        line = (f"model: bucket={b} examples_per_s={x:.0f} jax_examples_per_s={y:.0f} ratio={paired('jax', b):.2f} "
+                f"jax_builtin_examples_per_s={z:.0f} builtin_ratio={paired('builtin', b):.2f} "
                 f"range={rng('pjrt', b)} jax_range={rng('jax', b)} jax_builtin_range={rng('builtin', b)} "
                 f"rounds={args.rounds} platform={args.platform} jax_backend={'plugin' if jax_on_plugin else 'builtin'}")
         if arms["jax_default"]:
             line += f" jax_default_examples_per_s={med('jax_default', b):.0f}"
+        line += f" program_ratio={program_ratio(b):.2f}"
         print(line, flush=True)
     return 0
 

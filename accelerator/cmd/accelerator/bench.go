@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/recmesh/recmesh/accelerator/dcn"
 	"github.com/recmesh/recmesh/accelerator/executor"
 	"github.com/recmesh/recmesh/model"
 )
@@ -24,6 +26,7 @@ func runBench(ctx context.Context, args []string) error {
 	var c commonFlags
 	c.register(fs)
 	perBucket := fs.Duration("duration", 500*time.Millisecond, "measured time per bucket")
+	dump := fs.String("dump-program", "", "write the StableHLO of every measured bucket to `dir`/recmesh_b<n>.mlir (for hlobench)")
 	var only bucketList
 	fs.Var(&only, "buckets", "comma-separated `buckets` to measure, powers of two such as 1,16,128\n"+
 		"(default every bucket up to --max-batch; when given, --max-batch defaults to the largest)")
@@ -60,6 +63,11 @@ func runBench(ctx context.Context, args []string) error {
 	if only.set {
 		buckets = only.buckets
 	}
+	if *dump != "" {
+		if err := dumpPrograms(*dump, cfg, buckets, c); err != nil {
+			return err
+		}
+	}
 	for _, b := range buckets {
 		if err := ex.Run(in, b, scores); err != nil { // warm-up
 			return err
@@ -92,6 +100,28 @@ func runBench(ctx context.Context, args []string) error {
 			perCore = float64(runs*b) / cpu
 		}
 		fmt.Printf("model: bucket=%d examples_per_s=%.0f examples_per_core_s=%.0f\n", b, float64(runs*b)/el, perCore)
+	}
+	return nil
+}
+
+// dumpPrograms writes the program of every bucket, as the executor
+// compiled it, to dir/recmesh_b<n>.mlir.
+func dumpPrograms(dir string, cfg model.Config, buckets []int, c commonFlags) error {
+	prog, err := c.programOptions()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--dump-program: %w", err)
+	}
+	for _, b := range buckets {
+		text, err := dcn.Build(cfg, b, *prog)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("recmesh_b%d.mlir", b)), text, 0o644); err != nil {
+			return fmt.Errorf("--dump-program: %w", err)
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@
 //	accelerator serve   attach to the embedder's segment and run its batches
 //	accelerator parity  compare every bucket with the plain-Go reference
 //	accelerator bench   examples/s of the compiled program per bucket
+//	accelerator hlobench  calls/s of StableHLO files, alternating in one process
 package main
 
 import (
@@ -21,15 +22,16 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"serve":  {"attach to the embedder's segment and run its batches", runServe},
-	"parity": {"compare every bucket with the plain-Go reference", runParity},
-	"bench":  {"examples/s of the compiled program per bucket", runBench},
+	"serve":    {"attach to the embedder's segment and run its batches", runServe},
+	"parity":   {"compare every bucket with the plain-Go reference", runParity},
+	"bench":    {"examples/s of the compiled program per bucket", runBench},
+	"hlobench": {"calls/s of StableHLO files (recmesh's, JAX's), alternating in one process", runHLOBench},
 }
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: accelerator <command> [flags]")
-	for _, name := range []string{"serve", "parity", "bench"} {
-		fmt.Fprintf(os.Stderr, "  %-8s %s\n", name, commands[name].summary)
+	for _, name := range []string{"serve", "parity", "bench", "hlobench"} {
+		fmt.Fprintf(os.Stderr, "  %-9s %s\n", name, commands[name].summary)
 	}
 }
 
