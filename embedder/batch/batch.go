@@ -41,7 +41,8 @@ const (
 	// budget (the target less a margin that follows how many served calls
 	// missed the target: Feedback), and as long as a request arriving just
 	// after it is sealed could still finish within the target in a batch
-	// of its own. Under sustained overload, once every request for a whole
+	// of its own, or running the new request in it costs the device less
+	// than running it after it. Under sustained overload, once every request for a whole
 	// OverloadWindow was predicted to miss the target, requests predicted
 	// to miss it are shed before lookup (admission control, after CoDel's
 	// standing-queue rule), until predictions stay on time for a window
@@ -365,8 +366,16 @@ func (b *Batcher) Fits(n int, arrival, now time.Time) bool {
 	if b.opts.Mode == SLO && n > 0 {
 		// A request that arrives just after this batch is sealed waits for
 		// it, then runs in a batch of its own: the batch grows only while
-		// that request could still make the target.
-		if !b.leavesRoom(b.rows + n) {
+		// that request could still make the target, unless running this
+		// request with the batch costs the device less than running it
+		// after it. A request turned away waits for the batch and then
+		// runs anyway, so on a device whose run time hardly grows with the
+		// batch (the MLPerf network on a CPU, reading its 63 MB of weights
+		// per run whatever the batch) turning it away would cost it, and
+		// throughput, a whole run, to spare a request that does not exist
+		// yet about as much: that capped batches at 4 examples on a slow
+		// core and let the queue grow.
+		if !b.leavesRoom(b.rows+n) && !b.mergingSaves(b.rows, n) {
 			return false
 		}
 		if !b.finish(b.rows+n, n, now).After(earliest(b.first, arrival).Add(b.budget())) {
@@ -395,6 +404,13 @@ func earliest(a, b time.Time) time.Time {
 // budget, which would count the margin a second time.
 func (b *Batcher) leavesRoom(rows int) bool {
 	return b.costs.Exec(rows)+b.costs.Lookup(1)+b.costs.Exec(1) <= b.opts.LatencyTarget
+}
+
+// mergingSaves reports whether running n more examples in a batch of rows
+// takes the device less time than running them in a batch of their own
+// after it.
+func (b *Batcher) mergingSaves(rows, n int) bool {
+	return b.costs.Exec(rows+n) < b.costs.Exec(rows)+b.costs.Exec(n)
 }
 
 // budget is the part of the latency target the embedder plans with.

@@ -575,3 +575,29 @@ func offer(b *Batcher, n int, every time.Duration, now time.Time) time.Time {
 	}
 	return now
 }
+
+// TestSLOMergesWhereTheDeviceSavesARun: on a device whose run time hardly
+// grows with the batch (the MLPerf network on a slow CPU core: 8 ms for
+// one example, 13 ms for eight), a batch of 4 is already too long for the
+// next request to make the target after it, but a fifth request that is
+// already here joins it: after it, it would wait the batch's 10 ms and run
+// for 8 more; with it, the batch takes 13 ms. Where the run time grows with
+// the batch (flatCosts past 16), the cap still holds
+// (TestSLOCapsABatchForTheNextRequest).
+func TestSLOMergesWhereTheDeviceSavesARun(t *testing.T) {
+	c := &Costs{}
+	for bucket, ms := range map[int]int{1: 8, 2: 9, 4: 10, 8: 13, 16: 15, 32: 24} {
+		c.SetExec(bucket, time.Duration(ms)*time.Millisecond)
+	}
+	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 2 * time.Millisecond}, c)
+	b.Add(4, t0)
+	if b.leavesRoom(5) {
+		t.Fatal("test premise: bucket 8 (13 ms) and a lone request (8 ms) must not fit 20 ms")
+	}
+	if !b.Fits(1, t0, t0) {
+		t.Fatal("a request already waiting was turned away from a batch it would cost the device 2 ms to join")
+	}
+	if got := b.FillSize(t0); got != 1 {
+		t.Fatalf("fill size %d with nothing arriving, want 1: waiting for requests not yet here still follows the cap", got)
+	}
+}
