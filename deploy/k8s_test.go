@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -421,14 +422,15 @@ func checkServing(t *testing.T, r *rendered, shm string, gpu bool) {
 		mounted := false
 		for _, m := range c.VolumeMounts {
 			if m.Name == "shm" {
-				mounted = m.MountPath == dir && !m.ReadOnly
+				mounted = segmentDirIn(dir, m.MountPath) && !m.ReadOnly
 				shmMounts = append(shmMounts, m.MountPath)
 			}
 		}
 		if !mounted {
-			t.Errorf("serving container %s does not mount the shm volume writable at RECMESH_SHM_DIR %q", name, dir)
+			t.Errorf("serving container %s does not mount the shm volume writable at RECMESH_SHM_DIR %q or the directory above", name, dir)
 		}
 	}
+	checkFrontendUser(t, r, "the serving pod", spec, spec)
 	// Two generations during a rollout, each reserved whole.
 	need := resource.NewQuantity(2*segmentBytes(lanes), resource.BinarySI)
 	v := volume(spec, "shm")
@@ -520,6 +522,80 @@ func checkRouting(t *testing.T, r *rendered) {
 	}
 }
 
+// segmentDirIn reports whether the segment directory dir is the volume
+// mounted at mount or a directory right inside it (which the embedder
+// makes).
+func segmentDirIn(dir, mount string) bool {
+	return dir == mount || path.Dir(dir) == mount
+}
+
+// checkFrontendUser: the frontend of fePod runs as another user than the
+// embedder of servingPod, in the embedder's group, trusting the embedder's
+// uid, and the embedder shares its socket with that group from a segment
+// directory it makes inside the shm volume (docs/security.md, "Frontends as
+// another user"): a frontend of the embedder's own user could signal it in
+// the shared PID namespace, and one that could write the segment directory
+// could remove or replace the embedder's socket.
+func checkFrontendUser(t *testing.T, r *rendered, where string, fePod, servingPod *corev1.PodSpec) {
+	t.Helper()
+	fe, emb := container(fePod, Frontend), container(servingPod, Embedder)
+	if fe == nil || emb == nil {
+		return
+	}
+	feUID, feGroups := identity(fePod, fe)
+	embUID, embGroups := identity(servingPod, emb)
+	if feUID < 0 || embUID < 0 || feUID == embUID {
+		t.Errorf("%s: the frontend runs as uid %d, the embedder as %d; want two users, both set", where, feUID, embUID)
+	}
+	if len(embGroups) == 0 || !slices.Contains(feGroups, embGroups[0]) {
+		t.Errorf("%s: the frontend's groups %v lack the embedder's group %v", where, feGroups, embGroups)
+	}
+	if v, _ := r.containerEnv(emb, "RECMESH_SEGMENT_MODE"); v != "0660" {
+		t.Errorf("%s: the embedder's RECMESH_SEGMENT_MODE is %q; want 0660, for its group", where, v)
+	}
+	if v, _ := r.containerEnv(fe, "RECMESH_SEGMENT_OWNER_UID"); v != strconv.FormatInt(embUID, 10) {
+		t.Errorf("%s: the frontend's RECMESH_SEGMENT_OWNER_UID is %q; want the embedder's uid %d", where, v, embUID)
+	}
+	dir, _ := r.containerEnv(emb, "RECMESH_SHM_DIR")
+	for _, m := range emb.VolumeMounts {
+		if m.Name == "shm" && dir == m.MountPath {
+			t.Errorf("%s: RECMESH_SHM_DIR %q is the shm volume itself, which the frontends may write; want a directory inside it for the embedder to make", where, dir)
+		}
+	}
+}
+
+// identity is the uid a container runs as (-1 when unset) and its groups:
+// its primary group first, then the pod's fsGroup and supplemental groups.
+func identity(pod *corev1.PodSpec, c *corev1.Container) (uid int64, groups []int64) {
+	uid, gid := int64(-1), int64(-1)
+	if sc := pod.SecurityContext; sc != nil {
+		if sc.RunAsUser != nil {
+			uid = *sc.RunAsUser
+		}
+		if sc.RunAsGroup != nil {
+			gid = *sc.RunAsGroup
+		}
+	}
+	if sc := c.SecurityContext; sc != nil {
+		if sc.RunAsUser != nil {
+			uid = *sc.RunAsUser
+		}
+		if sc.RunAsGroup != nil {
+			gid = *sc.RunAsGroup
+		}
+	}
+	if gid >= 0 {
+		groups = append(groups, gid)
+	}
+	if sc := pod.SecurityContext; sc != nil {
+		if sc.FSGroup != nil {
+			groups = append(groups, *sc.FSGroup)
+		}
+		groups = append(groups, sc.SupplementalGroups...)
+	}
+	return uid, groups
+}
+
 // checkFrontendDeployment: the separate frontends share the serving pods'
 // node directory for the segment, land on their nodes, and are scaled by
 // an HPA.
@@ -535,10 +611,11 @@ func checkFrontendDeployment(t *testing.T, r *rendered) {
 	}
 	fe := container(&fd.Spec.Template.Spec, Frontend)
 	if dir, _ := r.containerEnv(fe, "RECMESH_SHM_DIR"); !slices.ContainsFunc(fe.VolumeMounts, func(m corev1.VolumeMount) bool {
-		return m.Name == "shm" && m.MountPath == dir
+		return m.Name == "shm" && segmentDirIn(dir, m.MountPath)
 	}) {
-		t.Errorf("the frontend Deployment does not mount shm at RECMESH_SHM_DIR %q", dir)
+		t.Errorf("the frontend Deployment does not mount shm at RECMESH_SHM_DIR %q or the directory above", dir)
 	}
+	checkFrontendUser(t, r, "the frontend Deployment", &fd.Spec.Template.Spec, &serving.Spec.Template.Spec)
 	aff := fd.Spec.Template.Spec.Affinity
 	ok := false
 	if aff != nil && aff.PodAffinity != nil {

@@ -22,6 +22,48 @@ import (
 // the kernel recorded for it (SO_PEERCRED), and every memfd it hands out
 // must be sealed against resizing (checkMemfd).
 
+// ensureDir makes the segment directory dir when it does not exist: only
+// its last element, owned by this process, mode dirMode(socket). One that
+// exists is used as it is (/dev/shm, which some systems link to /run/shm,
+// or a directory made by an earlier run), but it must be a directory.
+func ensureDir(dir string, socket os.FileMode) error {
+	var st unix.Stat_t
+	err := unix.Stat(dir, &st)
+	if errors.Is(err, unix.ENOENT) {
+		perm := dirMode(socket)
+		err = unix.Mkdir(dir, uint32(perm))
+		if err == nil {
+			// The mode asked for, umask notwithstanding.
+			if err := unix.Chmod(dir, uint32(perm)); err != nil {
+				return &os.PathError{Op: "chmod", Path: dir, Err: err}
+			}
+			return nil
+		}
+		if !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("make the segment directory (its parent must exist): %w", &os.PathError{Op: "mkdir", Path: dir, Err: err})
+		}
+		err = unix.Stat(dir, &st) // made meanwhile by another process
+	}
+	if err != nil {
+		return &os.PathError{Op: "stat", Path: dir, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("the segment directory %s is not a directory (mode %#o): give --shm-dir a directory, or a path that does not exist yet", dir, st.Mode)
+	}
+	return nil
+}
+
+// dirMode is the permission of a segment directory Create makes for a
+// socket of mode socket: writable by the owner alone, and searchable by
+// the group when the socket admits the group (so its members can reach
+// the socket, but neither list, remove nor replace anything there).
+func dirMode(socket os.FileMode) os.FileMode {
+	if socket.Perm()&0o060 != 0 {
+		return 0o710
+	}
+	return 0o700
+}
+
 // listenSegmentSocket binds a new SOCK_SEQPACKET socket at
 // dir/.name.<random>.sock with mode perm (umask notwithstanding) and
 // listens on it. The caller renames it over the segment path when the

@@ -2,6 +2,7 @@ package shm
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -95,6 +96,61 @@ func TestCreateRefusesWorldWritableMode(t *testing.T) {
 	if !errors.Is(err, ErrUnsafeFile) {
 		t.Fatalf("Create with mode 0666: %v; want ErrUnsafeFile", err)
 	}
+}
+
+// TestCreateMakesItsDirectory: a segment directory that does not exist is
+// made, writable by this user alone (searchable by the group when the
+// socket admits it), and attachers reach the segment in it; a directory
+// under a missing parent, or a file, is refused.
+func TestCreateMakesItsDirectory(t *testing.T) {
+	parent := t.TempDir()
+	for _, tc := range []struct {
+		mode, want os.FileMode
+	}{{0o600, 0o700}, {0o660, 0o710}} {
+		dir := filepath.Join(parent, fmt.Sprintf("seg-%o", tc.mode))
+		s, err := Create(Options{Name: "seg", Dir: dir, Mode: tc.mode, Geometry: testGeometry()})
+		if err != nil {
+			t.Fatalf("mode %#o: %v", tc.mode, err)
+		}
+		st, err := os.Lstat(dir)
+		if err != nil || !st.IsDir() || st.Mode().Perm() != tc.want {
+			t.Errorf("socket mode %#o: directory %v, %v; want a directory of mode %#o", tc.mode, st.Mode(), err, tc.want)
+		}
+		a, err := Attach(filepath.Join(dir, "seg"), AttachOptions{})
+		if err != nil {
+			t.Errorf("attach in the new directory: %v", err)
+		} else {
+			a.Close()
+		}
+		s.Close()
+		// A second generation uses the directory as it is.
+		s, err = Create(Options{Name: "seg", Dir: dir, Mode: tc.mode, Geometry: testGeometry()})
+		if err != nil {
+			t.Fatalf("mode %#o, again: %v", tc.mode, err)
+		}
+		s.Close()
+	}
+	_, err := Create(Options{Name: "seg", Dir: filepath.Join(parent, "missing", "seg"), Geometry: testGeometry()})
+	if err == nil || !strings.Contains(err.Error(), "parent must exist") {
+		t.Errorf("a directory under a missing parent: %v", err)
+	}
+	file := filepath.Join(parent, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Create(Options{Name: "seg", Dir: file, Geometry: testGeometry()}); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Errorf("a file as the directory: %v", err)
+	}
+	// A link to a directory is followed, as /dev/shm → /run/shm is.
+	link := filepath.Join(parent, "link")
+	if err := os.Symlink(filepath.Join(parent, "seg-600"), link); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Create(Options{Name: "seg", Dir: link, Geometry: testGeometry()})
+	if err != nil {
+		t.Fatalf("a link to a directory: %v", err)
+	}
+	s.Close()
 }
 
 // TestCheckSegmentFileOwner: another user's file is refused with both uids

@@ -84,7 +84,11 @@ const (
 type Options struct {
 	// Name is the segment file's name inside Dir (no slashes).
 	Name string
-	// Dir is the directory the file lives in; default DefaultDir.
+	// Dir is the directory the file lives in; default DefaultDir. Create
+	// makes it when it does not exist (its parent must), owned by this
+	// process and writable by it alone (dirMode): no other user can then
+	// remove or replace the socket in it, which a directory that others
+	// may write and that is not sticky (a Kubernetes emptyDir) allows.
 	Dir string
 	// Generation of the new segment. 0 picks one more than the generation of
 	// the segment currently at the path (1 if none). A path's generation

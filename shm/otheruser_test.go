@@ -50,10 +50,12 @@ func helperStranger() error {
 	owner, _ := strconv.Atoi(os.Getenv(ownerEnv))
 	ownerUID, _ := strconv.Atoi(os.Getenv(ownerUIDEnv))
 	refused := 0
-	check := func(what string, err, want error) {
-		if err != nil && errors.Is(err, want) {
-			refused++
-			return
+	check := func(what string, err error, want ...error) {
+		for _, w := range want {
+			if err != nil && errors.Is(err, w) {
+				refused++
+				return
+			}
 		}
 		fmt.Printf("breach %s: %v\n", what, err)
 	}
@@ -86,20 +88,28 @@ func helperStranger() error {
 	fmt.Println("served")
 
 	check("signal the embedder", unix.Kill(owner, unix.SIGTERM), unix.EPERM)
-	check("remove the segment socket", unix.Unlink(path), unix.EPERM)
+	// In a sticky directory the kernel refuses with EPERM; in the
+	// embedder's own directory, which only it may write, with EACCES.
+	check("remove the segment socket", unix.Unlink(path), unix.EPERM, unix.EACCES)
 	// A socket of its own renamed over the path, which later attachers
-	// would reach.
-	planted := filepath.Join(filepath.Dir(path), ".planted.sock")
+	// would reach: made beside it, or, where it may not write, in the
+	// directory above.
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: planted}); err != nil {
+	planted := filepath.Join(filepath.Dir(path), ".planted.sock")
+	err = unix.Bind(fd, &unix.SockaddrUnix{Name: planted})
+	if errors.Is(err, unix.EACCES) {
+		planted = filepath.Join(filepath.Dir(filepath.Dir(path)), ".planted.sock")
+		err = unix.Bind(fd, &unix.SockaddrUnix{Name: planted})
+	}
+	if err != nil {
 		return err
 	}
 	defer unix.Unlink(planted)
-	check("replace the segment socket", unix.Rename(planted, path), unix.EPERM)
+	check("replace the segment socket", unix.Rename(planted, path), unix.EPERM, unix.EACCES)
 	// No accelerator is attached: only the user check stands between a
 	// frontend and the accelerator's memory.
 	check("become the accelerator", s.SetAccelerator(os.Getpid()), ErrNotOwner)
@@ -111,59 +121,94 @@ func helperStranger() error {
 // a 0660 segment when it names the embedder's uid, is served through it,
 // and cannot signal the embedder, remove or replace its socket, or be given
 // the accelerator's memory while none is attached; a user outside the
-// group cannot connect at all. Needs root (to start processes as other
-// users).
+// group cannot connect at all. Twice: in a sticky world-writable directory,
+// as /dev/shm is, and in a directory the embedder makes inside one that is
+// writable by all and not sticky, as a Kubernetes emptyDir is. Needs root
+// (to start processes as other users).
 func TestFrontendOfAnotherUser(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("starts processes as other users: needs root")
 	}
-	// Helpers of other users need a test binary and a segment directory
-	// they can reach: a copy of the binary in a 0755 directory, and a
-	// sticky world-writable directory, as /dev/shm is.
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := copyTestBinary(t, dir)
-	segDir := filepath.Join(dir, "shm")
-	if err := os.Mkdir(segDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(segDir, os.ModeSticky|0o777); err != nil {
-		t.Fatal(err)
-	}
-	name := testName(t)
-	owner := startChildAs(t, &syscall.Credential{Uid: meshUID, Gid: meshUID}, bin, "owner-shared",
-		pathEnv+"="+name, dirEnv+"="+segDir)
-	path := owner.expect(t, "ready", 20*time.Second)
+	for _, tc := range []struct {
+		name      string
+		parent    os.FileMode // of the directory the segment directory is in
+		made      bool        // the embedder makes the segment directory
+		wantMode  os.FileMode // of the segment directory
+		wantOwner uint32
+	}{
+		{name: "sticky", parent: 0o755, wantMode: os.ModeSticky | 0o777, wantOwner: 0},
+		{name: "own directory in an emptyDir", parent: 0o777, made: true, wantMode: 0o710, wantOwner: meshUID},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Helpers of other users need a test binary and a segment
+			// directory they can reach: a copy of the binary in a 0755
+			// directory, and the segment directory in one of tc.parent.
+			dir := t.TempDir()
+			for _, d := range []string{filepath.Dir(dir), dir} {
+				if err := os.Chmod(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			bin := copyTestBinary(t, dir)
+			parent := filepath.Join(dir, "volume")
+			if err := os.Mkdir(parent, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(parent, tc.parent); err != nil {
+				t.Fatal(err)
+			}
+			segDir := filepath.Join(parent, "shm")
+			if !tc.made {
+				if err := os.Mkdir(segDir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				// os.ModeSticky, not 0o1000: os.Chmod takes Go's mode bits.
+				if err := os.Chmod(segDir, tc.wantMode); err != nil {
+					t.Fatal(err)
+				}
+			}
+			name := testName(t)
+			owner := startChildAs(t, &syscall.Credential{Uid: meshUID, Gid: meshUID}, bin, "owner-shared",
+				pathEnv+"="+name, dirEnv+"="+segDir)
+			path := owner.expect(t, "ready", 20*time.Second)
 
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Uid != meshUID || st.Mode&0o777 != 0o660 {
-		t.Fatalf("segment socket uid %d mode %#o, want uid %d mode 0660", st.Uid, st.Mode&0o777, meshUID)
-	}
+			var st unix.Stat_t
+			if err := unix.Lstat(segDir, &st); err != nil {
+				t.Fatal(err)
+			}
+			mode := os.FileMode(st.Mode & 0o777)
+			if st.Mode&unix.S_ISVTX != 0 {
+				mode |= os.ModeSticky
+			}
+			if mode != tc.wantMode || st.Uid != tc.wantOwner {
+				t.Fatalf("segment directory uid %d mode %v, want uid %d mode %v", st.Uid, mode, tc.wantOwner, tc.wantMode)
+			}
+			if err := unix.Lstat(path, &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Uid != meshUID || st.Mode&0o777 != 0o660 {
+				t.Fatalf("segment socket uid %d mode %#o, want uid %d mode 0660", st.Uid, st.Mode&0o777, meshUID)
+			}
 
-	fe := startChildAs(t, &syscall.Credential{Uid: frontendUID, Gid: frontendUID, Groups: []uint32{meshUID}}, bin, "stranger",
-		pathEnv+"="+path, fmt.Sprintf("%s=%d", ownerEnv, owner.pid()), fmt.Sprintf("%s=%d", ownerUIDEnv, meshUID))
-	if n := fe.refusals(t, "frontend of another user", 20*time.Second); n != 5 {
-		t.Errorf("%d of 5 attempts refused", n)
-	}
-	select {
-	case <-owner.exited:
-		t.Fatalf("the embedder exited: %v", owner.err)
-	default:
-	}
-	if err := unix.Lstat(path, &st); err != nil || st.Uid != meshUID {
-		t.Fatalf("the segment socket changed: uid %d, %v", st.Uid, err)
-	}
+			fe := startChildAs(t, &syscall.Credential{Uid: frontendUID, Gid: frontendUID, Groups: []uint32{meshUID}}, bin, "stranger",
+				pathEnv+"="+path, fmt.Sprintf("%s=%d", ownerEnv, owner.pid()), fmt.Sprintf("%s=%d", ownerUIDEnv, meshUID))
+			if n := fe.refusals(t, "frontend of another user", 20*time.Second); n != 5 {
+				t.Errorf("%d of 5 attempts refused", n)
+			}
+			select {
+			case <-owner.exited:
+				t.Fatalf("the embedder exited: %v", owner.err)
+			default:
+			}
+			if err := unix.Lstat(path, &st); err != nil || st.Uid != meshUID {
+				t.Fatalf("the segment socket changed: uid %d, %v", st.Uid, err)
+			}
 
-	// A user outside the group cannot connect to the 0660 socket.
-	if out := asUser(t, 65534, 65534, bin, path); !strings.Contains(out, "permission denied") {
-		t.Errorf("a user outside the embedder's group: %q; want the connection refused with permission denied", out)
+			// A user outside the group cannot connect to the 0660 socket.
+			if out := asUser(t, 65534, 65534, bin, path); !strings.Contains(out, "permission denied") {
+				t.Errorf("a user outside the embedder's group: %q; want the connection refused with permission denied", out)
+			}
+		})
 	}
 }
 
@@ -209,7 +254,9 @@ func helperDial() error {
 	path := os.Getenv(pathEnv)
 	var st unix.Stat_t
 	if err := unix.Lstat(path, &st); err != nil {
-		return err
+		// The embedder's own directory does not even let it look.
+		fmt.Println("lstat:", strings.ToLower(err.Error()))
+		return nil
 	}
 	s, err := Attach(path, AttachOptions{OwnerUID: int(st.Uid)})
 	if err != nil {

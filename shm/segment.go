@@ -91,6 +91,9 @@ func create(path string, o Options) (*Segment, error) {
 	if o.Mode.Perm()&0o002 != 0 {
 		return nil, fmt.Errorf("%w: mode %v is writable by every user, and attach refuses such a segment", ErrUnsafeFile, o.Mode.Perm())
 	}
+	if err := ensureDir(o.Dir, o.Mode); err != nil {
+		return nil, err
+	}
 	// Huge pages when the directory is a hugetlbfs mount, as when the
 	// segment was a file there: the staging buffers, the one large region
 	// a device reads, get them.

@@ -63,7 +63,7 @@ func run(args []string) error {
 	var (
 		bundle      = fs.String("bundle", "data/dlrm-cap1000", "model bundle directory (until a rollout records another in the model root)")
 		modelRoot   = fs.String("model-root", "", "directory rollouts may load bundles from, and where the serving model is recorded (empty: the directory holding --bundle)")
-		shmDir      = fs.String("shm-dir", shm.DefaultDir, "directory of the shared-memory segment (/dev/shm or a hugetlbfs mount)")
+		shmDir      = fs.String("shm-dir", shm.DefaultDir, "directory of the shared-memory segment (/dev/shm or a hugetlbfs mount); made, writable by this user alone, when it does not exist (its parent must)")
 		segment     = fs.String("segment", embedder.DefaultSegment, "segment file name")
 		segmentMode = fs.String("segment-mode", "0600", "permission of the segment socket: 0600 (this user's processes only), or 0660 to admit frontends that run as other users in this process's group (give them --segment-owner-uid)")
 		lanes       = fs.Int("lanes", embedder.DefaultLanes, "frontend lanes (frontends that can attach at once)")
