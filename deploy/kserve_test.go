@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -111,6 +112,7 @@ func TestKServeExample(t *testing.T) {
 			t.Errorf("container %v: bundle from /mnt/models %v, /dev/shm mounted %v", c["name"], bundle, shm)
 		}
 	}
+	checkKServeUsers(t, containers)
 	volumes, _, _ := unstructured.NestedSlice(rt.Object, "spec", "volumes")
 	memory := false
 	for _, v := range volumes {
@@ -126,4 +128,48 @@ func TestKServeExample(t *testing.T) {
 func asSlice(v any) []any {
 	s, _ := v.([]any)
 	return s
+}
+
+// checkKServeUsers: the frontend (kserve-container) runs as another user
+// than the embedder, in its group, trusting its uid, and every process
+// uses the segment directory the embedder makes inside /dev/shm, as the
+// Kubernetes manifests do (checkFrontendUser).
+func checkKServeUsers(t *testing.T, containers []any) {
+	t.Helper()
+	type identity struct {
+		uid, gid any
+		env      map[string]any
+	}
+	ids := map[string]identity{}
+	for _, c := range containers {
+		c := c.(map[string]any)
+		sc, _ := c["securityContext"].(map[string]any)
+		id := identity{env: map[string]any{}}
+		if sc != nil {
+			id.uid, id.gid = sc["runAsUser"], sc["runAsGroup"]
+		}
+		for _, e := range asSlice(c["env"]) {
+			e := e.(map[string]any)
+			id.env[e["name"].(string)] = e["value"]
+		}
+		ids[c["name"].(string)] = id
+	}
+	fe, emb, acc := ids["kserve-container"], ids[Embedder], ids[Accelerator]
+	if fe.uid == nil || emb.uid == nil || fe.uid == emb.uid || acc.uid != emb.uid {
+		t.Errorf("users: frontend %v, embedder %v, accelerator %v; want the frontend apart, the accelerator the embedder's", fe.uid, emb.uid, acc.uid)
+	}
+	if fe.gid == nil || fe.gid != emb.gid {
+		t.Errorf("groups: frontend %v, embedder %v; want the frontend in the embedder's group", fe.gid, emb.gid)
+	}
+	if emb.env["RECMESH_SEGMENT_MODE"] != "0660" {
+		t.Errorf("embedder RECMESH_SEGMENT_MODE %v; want 0660, for its group", emb.env["RECMESH_SEGMENT_MODE"])
+	}
+	if fmt.Sprint(fe.env["RECMESH_SEGMENT_OWNER_UID"]) != fmt.Sprint(emb.uid) {
+		t.Errorf("frontend RECMESH_SEGMENT_OWNER_UID %v; want the embedder's uid %v", fe.env["RECMESH_SEGMENT_OWNER_UID"], emb.uid)
+	}
+	for name, id := range ids {
+		if dir, _ := id.env["RECMESH_SHM_DIR"].(string); !segmentDirIn(dir, "/dev/shm") || dir == "/dev/shm" {
+			t.Errorf("container %s: RECMESH_SHM_DIR %q; want a directory inside /dev/shm for the embedder to make", name, dir)
+		}
+	}
 }
