@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,11 +33,15 @@ func TestRunClosesGenerationsOnEveryExit(t *testing.T) {
 		{name: "cancel", end: func(t *testing.T, x exitRig) { x.cancel() }},
 		{
 			// Generation 2 fails (its accelerator goes) and its successor
-			// cannot be created (the directory is gone): a fatal error,
+			// cannot be created (a file stands where its directory was; a
+			// directory merely gone would be made again): a fatal error,
 			// with generation 1 still draining.
 			name: "fatal",
 			end: func(t *testing.T, x exitRig) {
 				if err := os.RemoveAll(x.dir); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(x.dir, nil, 0o600); err != nil {
 					t.Fatal(err)
 				}
 				x.gen2.DetachAccelerator()
@@ -105,7 +110,7 @@ func TestRunClosesGenerationsOnEveryExit(t *testing.T) {
 				if !exit.wantErr && err != nil {
 					t.Fatalf("Run: %v", err)
 				}
-				if exit.wantErr && !errors.Is(err, fs.ErrNotExist) {
+				if exit.wantErr && !errors.Is(err, syscall.ENOTDIR) {
 					t.Fatalf("Run's error does not wrap its cause: %v", err)
 				}
 				t.Logf("Run: %v", err)
@@ -118,7 +123,7 @@ func TestRunClosesGenerationsOnEveryExit(t *testing.T) {
 					t.Errorf("generation %d is %v after Run returned, want closed", i+1, st)
 				}
 			}
-			if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+			if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
 				t.Errorf("a segment file is left at %s: %v", path, err)
 			}
 			for i, s := range []*Store{store1, store2} {

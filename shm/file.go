@@ -48,7 +48,8 @@ func ensureDir(dir string, socket os.FileMode) error {
 		return &os.PathError{Op: "stat", Path: dir, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return fmt.Errorf("the segment directory %s is not a directory (mode %#o): give --shm-dir a directory, or a path that does not exist yet", dir, st.Mode)
+		return fmt.Errorf("the segment directory is not a directory (mode %#o): give --shm-dir a directory, or a path that does not exist yet: %w",
+			st.Mode, &os.PathError{Op: "use", Path: dir, Err: unix.ENOTDIR})
 	}
 	return nil
 }
