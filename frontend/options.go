@@ -69,8 +69,8 @@ const (
 	// DefaultStreamWorkers is how many goroutines are kept to run calls.
 	// grpc-go otherwise starts a goroutine per call, whose stack then grows
 	// through the handler and the protobuf decoder on every call:
-	// runtime.morestack was 6 % of a frontend's CPU at B_req 1 in perf
-	// (make bench's hostbound workload), and nothing with them. A call
+	// runtime.morestack was 6 % of the server core at B_req 1 in perf
+	// (make bench's hostbound workload), 0.2 % with them. A call
 	// arriving while every worker is busy gets its own goroutine as before,
 	// so the count bounds idle memory (a grown stack each), not concurrency.
 	DefaultStreamWorkers = 64

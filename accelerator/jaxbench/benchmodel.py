@@ -23,8 +23,8 @@ in their ratio where it would not in a ratio of medians.
 Then `accelerator hlobench` times the two programs alone: the StableHLO the
 accelerator compiles and the one JAX lowered (written by round 1's arms),
 both compiled and run by the accelerator's runtime in one process,
-alternating, for twice as many rounds of half the time; program_ratio is the median over those
-rounds of recmesh's calls/s over JAX's. Where ratio and program_ratio part,
+alternating, for twice as many rounds of half the time; program_ratio is
+the median over those rounds of recmesh's calls/s over JAX's. Where ratio and program_ratio part,
 the difference is in the runtimes, not the programs. The last lines are
 
   model: bucket=<b> examples_per_s=<x> jax_examples_per_s=<y> ratio=<x/y, paired> jax_builtin_examples_per_s=<z> ...

@@ -42,12 +42,12 @@ const (
 	// missed the target: Feedback), and as long as a request arriving just
 	// after it is sealed could still finish within the target in a batch
 	// of its own, or running the new request in it costs the device less
-	// than running it after it. Under sustained overload, once every request for a whole
-	// OverloadWindow was predicted to miss the target, requests predicted
-	// to miss it are shed before lookup (admission control, after CoDel's
-	// standing-queue rule), until predictions stay on time for a window
-	// again; a request that cannot meet its own gRPC deadline is always
-	// shed.
+	// than running it after it. Under sustained overload, once every
+	// request for a whole OverloadWindow was predicted to miss the target,
+	// requests predicted to miss it are shed before lookup (admission
+	// control, after CoDel's standing-queue rule), until predictions stay
+	// on time for a window again; a request that cannot meet its own gRPC
+	// deadline is always shed.
 	SLO
 )
 

@@ -14,25 +14,47 @@ import (
 	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
 
+// deviceFlags choose the PJRT plugin and its client: every subcommand that
+// opens the device has them.
+type deviceFlags struct {
+	plugin     string
+	xlaThreads int
+	allowNewer bool
+}
+
+func (d *deviceFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&d.plugin, "pjrt-plugin", "", "PJRT plugin .so path or name; default: PJRT_PLUGIN_LIBRARY_PATH, then .deps/pjrt")
+	fs.BoolVar(&d.allowNewer, "pjrt-allow-newer", false, "try a plugin of a newer PJRT C API minor version than the binding's (0.81) instead of refusing it")
+	fs.IntVar(&d.xlaThreads, "xla-threads", 0, "threads of the CPU plugin's XLA pools; 0: the usable cores\n"+
+		"(affinity mask capped by the cgroup CPU quota), or PJRT_NPROC/NPROC when set")
+}
+
+func (d *deviceFlags) validate() error {
+	if d.xlaThreads < 0 || d.xlaThreads > 1024 {
+		return fmt.Errorf("--xla-threads %d: want 0 (the usable cores) or 1..1024", d.xlaThreads)
+	}
+	return nil
+}
+
+// openDevice loads the plugin with the flags' client options.
+func (d deviceFlags) openDevice(log *slog.Logger) (*device.Runtime, error) {
+	return device.OpenWith(d.plugin, log, device.Options{Threads: d.xlaThreads, AllowNewer: d.allowNewer})
+}
+
 // commonFlags are shared by every subcommand that loads the model.
 type commonFlags struct {
-	bundle     string
-	plugin     string
-	maxBatch   int
-	xlaThreads int
-	program    string
-	allowNewer bool
+	deviceFlags
+	bundle   string
+	maxBatch int
+	program  string
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "model bundle directory")
-	fs.StringVar(&c.plugin, "pjrt-plugin", "", "PJRT plugin .so path or name; default: PJRT_PLUGIN_LIBRARY_PATH, then .deps/pjrt")
-	fs.BoolVar(&c.allowNewer, "pjrt-allow-newer", false, "try a plugin of a newer PJRT C API minor version than the binding's (0.81) instead of refusing it")
+	c.deviceFlags.register(fs)
 	fs.IntVar(&c.maxBatch, "max-batch", executor.DefaultMaxBatch, "largest batch bucket")
 	fs.StringVar(&c.program, "program", "default", "StableHLO formulation: default, or plain (the model's math\n"+
 		"transcribed op for op, the yardstick of the default one)")
-	fs.IntVar(&c.xlaThreads, "xla-threads", 0, "threads of the CPU plugin's XLA pools; 0: the usable cores\n"+
-		"(affinity mask capped by the cgroup CPU quota), or PJRT_NPROC/NPROC when set")
 	fs.Usage = func() { flagenv.Usage(fs) }
 }
 
@@ -55,8 +77,8 @@ func (c *commonFlags) validate() error {
 	if c.maxBatch < 1 || c.maxBatch > model.MaxBatchLimit {
 		return fmt.Errorf("--max-batch %d: want 1..%d", c.maxBatch, model.MaxBatchLimit)
 	}
-	if c.xlaThreads < 0 || c.xlaThreads > 1024 {
-		return fmt.Errorf("--xla-threads %d: want 0 (the usable cores) or 1..1024", c.xlaThreads)
+	if err := c.deviceFlags.validate(); err != nil {
+		return err
 	}
 	if _, err := c.programOptions(); err != nil {
 		return err
@@ -111,11 +133,6 @@ func (c commonFlags) programOptions() (*dcn.Options, error) {
 func (c commonFlags) executorOptions(log *slog.Logger) executor.Options {
 	prog, _ := c.programOptions() // checked by validate
 	return executor.Options{MaxBatch: c.maxBatch, Log: log, Program: prog}
-}
-
-// openDevice loads the plugin with the flags' client options.
-func (c commonFlags) openDevice(log *slog.Logger) (*device.Runtime, error) {
-	return device.OpenWith(c.plugin, log, device.Options{Threads: c.xlaThreads, AllowNewer: c.allowNewer})
 }
 
 func (l *loaded) Close() {

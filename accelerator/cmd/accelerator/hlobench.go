@@ -17,7 +17,6 @@ import (
 
 	"github.com/gomlx/gopjrt/pjrt"
 
-	"github.com/recmesh/recmesh/accelerator/device"
 	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
 
@@ -42,8 +41,8 @@ func hloBench(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("hlobench", flag.ContinueOnError)
 	var programs stringList
 	fs.Var(&programs, "program", "a StableHLO `file` to time (repeat the flag for more)")
-	plugin := fs.String("pjrt-plugin", "", "PJRT plugin .so path or name; default: PJRT_PLUGIN_LIBRARY_PATH, then .deps/pjrt")
-	xlaThreads := fs.Int("xla-threads", 0, "threads of the CPU plugin's XLA pools; 0: the usable cores")
+	var dev deviceFlags
+	dev.register(fs)
 	perProgram := fs.Duration("duration", time.Second, "measured time per program per round (at least 3 calls)")
 	rounds := fs.Int("rounds", 3, "rounds over every program")
 	fs.Usage = func() { flagenv.Usage(fs) }
@@ -60,7 +59,10 @@ func hloBench(ctx context.Context, args []string, stdout io.Writer) error {
 	case *rounds < 1 || *perProgram <= 0:
 		return fmt.Errorf("--rounds %d and --duration %v: want at least 1 and more than 0", *rounds, *perProgram)
 	}
-	rt, err := device.OpenWith(*plugin, slog.New(slog.NewTextHandler(os.Stderr, nil)), device.Options{Threads: *xlaThreads})
+	if err := dev.validate(); err != nil {
+		return err
+	}
+	rt, err := dev.openDevice(slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	if err != nil {
 		return err
 	}

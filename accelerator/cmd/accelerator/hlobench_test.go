@@ -105,6 +105,10 @@ func TestHLOBench(t *testing.T) {
 	if err := hloBench(context.Background(), nil, &out); err == nil || !strings.Contains(err.Error(), "--program") {
 		t.Errorf("no program: %v", err)
 	}
+	err = hloBench(context.Background(), []string{"--program", files[0], "--xla-threads", "-1"}, &out)
+	if err == nil || !strings.Contains(err.Error(), "--xla-threads -1") {
+		t.Errorf("--xla-threads -1: %v", err)
+	}
 }
 
 // fields splits "hlo: k=v k=v" into its key=value pairs.

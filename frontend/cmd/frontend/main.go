@@ -52,8 +52,8 @@ const (
 // defaultGCPercent is the frontend's GOGC when the environment sets none.
 // Nearly all of a frontend's garbage is grpc-go's per-call objects around a
 // live heap of a few MiB, so at Go's default of 100 it collects many times a
-// second: 5 % of its CPU at B_req 1 in perf, 1.4 % at 400, for about 20 MiB
-// more heap. GOGC (and GOMEMLIMIT) in the environment still win.
+// second: 5 % of the server core at B_req 1 in perf, 1.4 % at 400, for
+// about 13 MiB more RSS. GOGC (and GOMEMLIMIT) in the environment still win.
 const defaultGCPercent = 400
 
 func main() {
