@@ -87,8 +87,12 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("frontend: register Triton's metrics: %w", err)
 	}
 
+	maxRecv := maxRecvMsgSize(opts.MaxBatch, s.svc.schema.width)
+	streamWindow, connWindow := flowWindows(maxRecv)
 	sopts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(maxRecvMsgSize(opts.MaxBatch, s.svc.schema.width)),
+		grpc.MaxRecvMsgSize(maxRecv),
+		grpc.StaticStreamWindowSize(streamWindow),
+		grpc.StaticConnWindowSize(connWindow),
 		grpc.MaxConcurrentStreams(uint32(opts.MaxStreams)),
 		grpc.NumStreamWorkers(uint32(opts.StreamWorkers)),
 		// A client may ping no more often than every 10 s (more is a
@@ -146,6 +150,22 @@ const keepaliveMinTime = 10 * time.Second
 // anything bigger is refused by grpc-go before it is read into memory.
 func maxRecvMsgSize(maxBatch, width int) int {
 	return maxBatch*(model.NumDense*4+width*8) + 1<<20
+}
+
+// flowWindows sizes the HTTP/2 flow-control windows from the largest
+// request. They are static because grpc-go's dynamic windows estimate the
+// bandwidth-delay product with a PING (and a window update) whenever data
+// arrives while no estimate is in flight: with one small request per round
+// trip that is a PING written and its ack read for almost every call, a
+// third of the frontend's read syscalls at B_req 1, for windows that never
+// needed to grow. The stream window lets the largest request arrive
+// without waiting for a window update (capped at grpc-go's own 16 MiB
+// limit for dynamic windows, halved per stream); the connection window
+// holds two of them, so one large request does not stall its neighbours.
+func flowWindows(maxRecv int) (stream, conn int32) {
+	const least, most = 64 << 10, 8 << 20 // grpc-go ignores less than 64 KiB
+	w := int32(min(max(maxRecv, least), most))
+	return w, 2 * w
 }
 
 // Listen binds the gRPC listener (with SO_REUSEPORT) and the metrics

@@ -294,6 +294,9 @@ def serve_grpc(args):
             ("grpc.so_reuseport", 1 if args.reuseport else 0),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # As recmesh's frontends do: no bandwidth-probing PING per
+            # small request, whose ack the server would read.
+            ("grpc.http2.bdp_probe", 0),
         ])
     pb2_grpc.add_GRPCInferenceServiceServicer_to_server(make_servicer(pb2, pb2_grpc, loaded, ready, args), server)
     port = server.add_insecure_port(hostport(args.host, args.port))
