@@ -33,7 +33,10 @@ const (
 	// the device runs at least as fast as examples arrive (measured), so
 	// batches keep up with the load; at light load that is one request and
 	// SLO mode is a zero-wait merger. A batch short of the fill size waits
-	// only while its oldest request could still finish within the budget.
+	// only while its oldest request could still finish within the budget,
+	// or, where callers have been asking again as soon as they are
+	// answered, while the callers of the batch just finished are on their
+	// way back and merging them saves the device time (returningBy).
 	// While the device is busy the batch grows only
 	// as long as its oldest request (counted from when its frontend
 	// received it), waiting for the device and then for the expected
@@ -181,6 +184,14 @@ type Batcher struct {
 	// request, and waiting for a second request would only stall it.
 	busyArrivals, busyArrivalsBefore bool
 	prevEntries                      int
+	// prevRows is the last sealed batch's rows; idleAt is when the device
+	// last went idle and sinceIdle counts the rows that arrived since.
+	// returns learns whether the callers of a finished batch come back at
+	// once (see returningBy).
+	prevRows  int
+	idleAt    time.Time
+	sinceIdle int
+	returns   returnRate
 	// idle is the device's state as last told (DeviceIdle, Sealed): the
 	// predicted deviceFree runs early whenever a batch runs long.
 	idle bool
@@ -218,6 +229,58 @@ func (r *arrivalRate) roll(now time.Time) {
 	keep := math.Pow(1-rateWeight, windows)
 	r.perSec = keep*r.perSec + (1-keep)*float64(r.examples)/el.Seconds()
 	r.start, r.examples = now, 0
+}
+
+// returnRate learns how often the callers of a batch the device just
+// finished were all back within returnWindow of it: closed-loop clients
+// (perf_analyzer's concurrency mode, a pool of workers that each wait for
+// their answer) nearly always are, independent arrivals hardly ever. It is
+// judged whether or not the batcher waited for them, so it keeps learning
+// when it does not wait.
+type returnRate struct {
+	judging bool
+	by      time.Time // the callers count as back only until then
+	need    int       // rows of the batch just finished
+	rate    float64   // moving average of the outcomes, 1 = all back
+}
+
+const (
+	// returnWeight is the weight of one outcome in returnRate.
+	returnWeight = 0.125
+	// returnLikely is how often the callers must have come back for a
+	// batch to wait for them.
+	returnLikely = 0.5
+)
+
+// start begins judging the batch of need rows the device finished at now.
+func (r *returnRate) start(need int, window time.Duration, now time.Time) {
+	r.judge(false, now)
+	r.judging = need > 0 && window > 0
+	r.by, r.need = now.Add(window), need
+}
+
+// arrived judges the current batch once arrivals since it finished reach
+// its rows, or once its window is over.
+func (r *returnRate) arrived(since int, now time.Time) {
+	if r.judging && since >= r.need {
+		r.judge(!now.After(r.by), now)
+	}
+	r.judge(false, now)
+}
+
+// judge records an outcome: back (true), or not back when the window is
+// over. Nothing happens when no batch is being judged, or when it is not
+// back and its window still runs.
+func (r *returnRate) judge(back bool, now time.Time) {
+	if !r.judging || !back && !now.After(r.by) {
+		return
+	}
+	r.judging = false
+	v := 0.0
+	if back {
+		v = 1
+	}
+	r.rate += returnWeight * (v - r.rate)
 }
 
 // overload is admission control's state: SLO mode sheds only while
@@ -352,7 +415,8 @@ func (b *Batcher) Options() Options { return b.opts }
 // refuse larger requests). In SLO mode a request also does not fit when
 // the larger batch would leave no time for a request arriving after it,
 // or would make the batch's oldest request (it included) miss the budget
-// that it would make without it.
+// that it would make without it, unless it is a returning caller the batch
+// waits for (awaited).
 func (b *Batcher) Fits(n int, arrival, now time.Time) bool {
 	if b.entries == 0 {
 		return true
@@ -364,6 +428,9 @@ func (b *Batcher) Fits(n int, arrival, now time.Time) bool {
 		return false
 	}
 	if b.opts.Mode == SLO && n > 0 {
+		if b.awaited(n) {
+			return true
+		}
 		// A request that arrives just after this batch is sealed waits for
 		// it, then runs in a batch of its own: the batch grows only while
 		// that request could still make the target, unless running this
@@ -489,7 +556,55 @@ func (b *Batcher) DeviceIdle(now time.Time) {
 	if b.deviceFree.After(now) {
 		b.deviceFree = now
 	}
+	if !b.idle && b.opts.Mode == SLO {
+		// The device just finished the last sealed batch: its callers
+		// are answered now.
+		b.idleAt, b.sinceIdle = now, 0
+		b.returns.start(b.prevRows, b.returnWindow(), now)
+	}
 	b.idle = true
+}
+
+// returnWindow is how long after the device goes idle the callers of the
+// batch it finished count as coming back at once: the longest the open
+// batch would wait for them (see returningBy), and at least a twentieth of
+// the target, the time their answers and next requests take through the
+// frontends when the device is fast.
+func (b *Batcher) returnWindow() time.Duration {
+	w := b.costs.Exec(b.prevRows) / 2
+	return max(w, b.opts.LatencyTarget/20)
+}
+
+// awaited reports whether a request of n examples arriving now is one of
+// the returning callers an idle device's open batch waits for (see
+// returningBy). It joins even if that makes the batch's oldest request
+// late: the wait was chosen because the merged run saves the device more
+// than it costs the requests already waiting, and on its own the request
+// would queue behind them anyway.
+func (b *Batcher) awaited(n int) bool {
+	return b.idle && b.prevRows-b.sinceIdle >= n && b.returns.rate >= returnLikely && b.mergingSaves(b.rows, n)
+}
+
+// returningBy reports whether an SLO batch on an idle device waits for the
+// callers of the batch the device just finished, and until when. It waits
+// while callers that usually come back at once (returnRate) are not all
+// back yet and merging them saves the device time: at most half of what
+// it saves, counted from when the device went idle, so the requests
+// already waiting lose less than the returning ones gain. Without it, two
+// groups of closed-loop clients alternate on the device for good: each
+// group's requests arrive while the other's batch runs, and every batch is
+// sealed the moment the device is free, half the size it could be.
+func (b *Batcher) returningBy(now time.Time) (time.Time, bool) {
+	back := b.prevRows - b.sinceIdle
+	if back <= 0 || b.returns.rate < returnLikely || b.rows+back > b.maxRows() {
+		return time.Time{}, false
+	}
+	save := b.costs.Exec(b.rows) + b.costs.Exec(back) - b.costs.Exec(b.rows+back)
+	if save <= 0 {
+		return time.Time{}, false
+	}
+	by := b.idleAt.Add(save / 2)
+	return by, now.Before(by)
 }
 
 // Sealed records that the open batch went to the device at now, so later
@@ -502,7 +617,7 @@ func (b *Batcher) Sealed(now time.Time) (predicted time.Duration) {
 	predicted = b.costs.Exec(b.rows)
 	b.deviceFree = b.finish(b.rows, 0, now)
 	b.busyArrivalsBefore, b.busyArrivals = b.busyArrivals, false
-	b.prevEntries, b.idle = b.entries, false
+	b.prevEntries, b.prevRows, b.idle = b.entries, b.rows, false
 	return predicted
 }
 
@@ -516,6 +631,10 @@ func (b *Batcher) Add(n int, arrival time.Time) (firstRow int) {
 	firstRow = b.rows
 	b.rows += n
 	b.entries++
+	if b.opts.Mode == SLO && n > 0 {
+		b.sinceIdle += n
+		b.returns.arrived(b.sinceIdle, arrival)
+	}
 	return firstRow
 }
 
@@ -602,6 +721,10 @@ const fillWait = 4
 // more are on their way (see busyArrivals) and its oldest request can
 // still afford to wait (sealBy).
 func (b *Batcher) waitUntil(now time.Time) (time.Time, bool) {
+	b.returns.judge(false, now)
+	if by, wait := b.returningBy(now); wait {
+		return by, true
+	}
 	coming := b.busyArrivals || b.busyArrivalsBefore || b.entries < b.prevEntries
 	if !coming || b.rows >= b.FillSize(now) {
 		return time.Time{}, false

@@ -601,3 +601,141 @@ func TestSLOMergesWhereTheDeviceSavesARun(t *testing.T) {
 		t.Fatalf("fill size %d with nothing arriving, want 1: waiting for requests not yet here still follows the cap", got)
 	}
 }
+
+// slowCPUCosts is the MLPerf network on a slow CPU core: a run costs about
+// the same whatever the batch.
+func slowCPUCosts() *Costs {
+	c := &Costs{}
+	for bucket, ms := range map[int]int{1: 8, 2: 9, 4: 11, 8: 13, 16: 15} {
+		c.SetExec(bucket, time.Duration(ms)*time.Millisecond)
+	}
+	return c
+}
+
+// cycle runs one batch of rows one-example requests that arrive at
+// arrive, sealed at seal, on a device that finishes at idle.
+func cycle(b *Batcher, rows int, arrive, seal, idle time.Time) {
+	for range rows {
+		b.Admit(1, arrive, time.Time{}, arrive)
+		b.Add(1, arrive)
+	}
+	b.Sealed(seal)
+	b.Reset()
+	b.DeviceIdle(idle)
+}
+
+// TestSLOWaitsForReturningCallers: four closed-loop clients split into two
+// pairs, each pair's requests arriving while the other's batch runs, so an
+// idle device always finds two waiting. Once the batcher has seen that
+// callers come back within a millisecond of their answer, the pair that
+// waited holds its batch for the pair just answered (for at most half the
+// 7 ms a merged run saves), and the four run together.
+func TestSLOWaitsForReturningCallers(t *testing.T) {
+	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 2 * time.Millisecond}, slowCPUCosts())
+	now := t0
+	for range 8 { // four clients, one group: they learn that callers return
+		cycle(b, 4, now.Add(time.Millisecond), now.Add(time.Millisecond), now.Add(12*time.Millisecond))
+		now = now.Add(12 * time.Millisecond)
+	}
+	// The two pairs: A runs; B arrives while it runs; the device idles.
+	for range 2 {
+		arrive := now.Add(time.Millisecond)
+		b.Admit(1, arrive, time.Time{}, arrive)
+		b.Add(1, arrive)
+	}
+	b.Sealed(now.Add(time.Millisecond))
+	b.Reset()
+	for range 2 {
+		arrive := now.Add(2 * time.Millisecond)
+		b.Admit(1, arrive, time.Time{}, arrive)
+		b.Add(1, arrive)
+	}
+	idle := now.Add(10 * time.Millisecond)
+	b.DeviceIdle(idle)
+	if b.ShouldSeal(idle, true) {
+		t.Fatal("sealed two requests the moment the device was free, with the two it just answered on their way back")
+	}
+	// 9 + 9 − 11 ms saved, half of it waited.
+	want := idle.Add(3500 * time.Microsecond)
+	if by, ok := b.Deadline(idle, true); !ok || !by.Equal(want) {
+		t.Fatalf("Deadline %v, %v; want %v", by.Sub(idle), ok, want.Sub(idle))
+	}
+	back := idle.Add(time.Millisecond)
+	for range 2 {
+		if !b.Admit(1, back, time.Time{}, back) || !b.Fits(1, back, back) {
+			t.Fatal("a returning caller could not join the waiting batch")
+		}
+		b.Add(1, back)
+		if b.Rows() < 4 && b.ShouldSeal(back, true) {
+			t.Fatal("sealed before both callers were back")
+		}
+	}
+	if !b.ShouldSeal(back, true) {
+		t.Fatal("did not seal once the callers were back")
+	}
+}
+
+// pairRound seals the open batch at now (adding two requests first if it
+// is empty), lets two requests arrive while it runs and the device finish
+// 10 ms after, and reports whether the two then waited on the idle device.
+// No one else arrives: 5 ms later, past the return window, the batch is
+// sealed. It returns that moment.
+func pairRound(t *testing.T, b *Batcher, now time.Time) (waited bool, next time.Time) {
+	t.Helper()
+	if b.Rows() == 0 {
+		b.Add(1, now)
+		b.Add(1, now)
+	}
+	b.Sealed(now)
+	b.Reset()
+	for range 2 {
+		b.Admit(1, now.Add(time.Millisecond), time.Time{}, now.Add(time.Millisecond))
+		b.Add(1, now.Add(time.Millisecond))
+	}
+	idle := now.Add(10 * time.Millisecond)
+	b.DeviceIdle(idle)
+	waited = !b.ShouldSeal(idle, true)
+	next = idle.Add(5 * time.Millisecond)
+	if !b.ShouldSeal(next, true) {
+		t.Fatal("still waiting for returning callers after the return window")
+	}
+	return waited, next
+}
+
+// TestSLODoesNotWaitForCallersThatDoNotReturn: arrivals independent of the
+// answers (open-loop clients) are not back within the return window, so
+// two waiting requests are sealed the moment the device is free; and
+// callers that used to come back but stop doing so stop the wait within a
+// few batches.
+func TestSLODoesNotWaitForCallersThatDoNotReturn(t *testing.T) {
+	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 2 * time.Millisecond}, slowCPUCosts())
+	now := t0
+	for i := range 12 {
+		waited, next := pairRound(t, b, now)
+		if waited {
+			t.Fatalf("round %d: waited for callers that never came back at once", i)
+		}
+		now = next
+	}
+
+	b = New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 2 * time.Millisecond}, slowCPUCosts())
+	now = t0
+	for range 8 { // callers come back within a millisecond
+		cycle(b, 4, now.Add(time.Millisecond), now.Add(time.Millisecond), now.Add(12*time.Millisecond))
+		now = now.Add(12 * time.Millisecond)
+	}
+	var waits []bool
+	for range 12 {
+		waited, next := pairRound(t, b, now)
+		waits = append(waits, waited)
+		now = next
+	}
+	if !waits[0] {
+		t.Fatal("did not wait for callers that had always come back at once")
+	}
+	for i, w := range waits[6:] {
+		if w {
+			t.Fatalf("round %d: still waiting after %d rounds whose callers did not come back (%v)", 6+i, 6+i, waits)
+		}
+	}
+}
