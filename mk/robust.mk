@@ -3,12 +3,12 @@
 #   make test-race       go test -race on the packages with concurrency
 #                        (shm, frontend, embedder, the accelerator's server,
 #                        the control plane)
-#   make fuzz-frontend   the OIP request decoder under the fuzzer for
-#                        FUZZTIME (FuzzModelInferRequest)
+#   make fuzz-frontend   the OIP request decoder under the fuzzer
+#                        (FuzzModelInferRequest)
 #   make fuzz-embedder   the embedder's reading of a request's payload under
-#                        the fuzzer for FUZZTIME (FuzzRequestPayload)
+#                        the fuzzer (FuzzRequestPayload)
 #   make fuzz-accelerator the accelerator's serving of batches whose entries
-#                        an embedder chose, under the fuzzer for FUZZTIME
+#                        an embedder chose, under the fuzzer
 #                        (FuzzBatchEntries)
 #   make fuzz            fuzz-shm, fuzz-frontend, fuzz-embedder and
 #                        fuzz-accelerator
@@ -22,7 +22,16 @@
 #
 # Included by the root Makefile; CI runs test-race and fuzz briefly.
 
-FUZZTIME  ?= 10s
+# Fuzzing budgets are execution counts, about 10 s each on a 2-core CI
+# machine, not durations: with a duration, Go 1.26's fuzz coordinator can
+# fail a clean run with a bare "context deadline exceeded" when its
+# deadline fires while a worker is busy (go.dev/issue/75804, fixed in Go
+# 1.27; it failed CI here once in FuzzRequestPayload). FUZZTIME, when set
+# (a count such as 100000x, or a duration), overrides all three.
+FUZZTIME             ?=
+FUZZTIME_FRONTEND    ?= 10000x
+FUZZTIME_EMBEDDER    ?= 50000x
+FUZZTIME_ACCELERATOR ?= 20000x
 RACE_PKGS := ./shm/... ./frontend/... ./embedder/... ./accelerator/server/... ./proto/control/...
 
 CHAOS_SECONDS ?= 30
@@ -33,13 +42,13 @@ test-race: $(DEPS)/go.stamp
 	$(GO) test -race -count=1 $(RACE_PKGS)
 
 fuzz-frontend: $(DEPS)/go.stamp
-	$(GO) test -run=NONE -fuzz='^FuzzModelInferRequest$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s ./frontend/
+	$(GO) test -run=NONE -fuzz='^FuzzModelInferRequest$$' -fuzztime=$(or $(FUZZTIME),$(FUZZTIME_FRONTEND)) -fuzzminimizetime=2s ./frontend/
 
 fuzz-embedder: $(DEPS)/go.stamp
-	$(GO) test -run=NONE -fuzz='^FuzzRequestPayload$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s ./embedder/
+	$(GO) test -run=NONE -fuzz='^FuzzRequestPayload$$' -fuzztime=$(or $(FUZZTIME),$(FUZZTIME_EMBEDDER)) -fuzzminimizetime=2s ./embedder/
 
 fuzz-accelerator: $(DEPS)/go.stamp
-	$(GO) test -run=NONE -fuzz='^FuzzBatchEntries$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s ./accelerator/server/
+	$(GO) test -run=NONE -fuzz='^FuzzBatchEntries$$' -fuzztime=$(or $(FUZZTIME),$(FUZZTIME_ACCELERATOR)) -fuzzminimizetime=2s ./accelerator/server/
 
 fuzz: fuzz-shm fuzz-frontend fuzz-embedder fuzz-accelerator
 
