@@ -100,10 +100,14 @@ e2e-security: deps
 
 ## e2e-steering: frontends scaled 2 → 5 → 2 under churning load, with eBPF
 ## steering and with the kernel's hash (docs/deployment.md); ends with the
-## steering ok line. eBPF needs root (CAP_BPF, CAP_NET_ADMIN) and bpffs,
-## which it mounts at /sys/fs/bpf when missing.
+## steering ok line. First, a frontend's steering as compose runs it: another
+## user than root with CAP_BPF its only capability, on a root-only bpffs.
+## Needs root (to mount bpffs, at /sys/fs/bpf when missing, and to start
+## processes as other users).
 e2e-steering: deps
 	@mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf || echo "e2e-steering: could not mount bpffs at /sys/fs/bpf"
+	RECMESH_REQUIRE_EBPF=1 $(GO) test -count=1 -run 'TestOpenWithOnlyCAPBPF' -v ./frontend/steering/ > $(DEPS)/e2e-steering-privilege.log 2>&1 || { tail -n 30 $(DEPS)/e2e-steering-privilege.log; echo "e2e-steering: least privilege failed (whole log in .deps/e2e-steering-privilege.log)"; exit 1; }
+	@grep -E '^\s*--- ' $(DEPS)/e2e-steering-privilege.log
 	RECMESH_E2E_STEERING=1 RECMESH_REQUIRE_EBPF=1 $(GO) test -count=1 -timeout 20m -run 'TestE2ESteering' -v ./cli/e2e/ > $(DEPS)/e2e-steering.log 2>&1 || { tail -n 60 $(DEPS)/e2e-steering.log; echo "e2e-steering: failed (whole log in .deps/e2e-steering.log)"; exit 1; }
 	@grep -E '^\s*(--- |steering_test.go:[0-9]+: (ebpf|kernel-hash|mean))' $(DEPS)/e2e-steering.log || true
 	@grep '^steering ok:' $(DEPS)/e2e-steering.log

@@ -440,37 +440,75 @@ func TestComposeCUDA(t *testing.T) {
 	}
 }
 
-// TestComposeEBPF: the eBPF override gives the frontends eBPF steering, the
-// capabilities to load it and the host's bpffs to share its maps, and
-// changes nothing else about how they are wired.
+// TestComposeEBPF: the eBPF override gives the frontends eBPF steering,
+// the one capability it needs and a directory of the host's bpffs of their
+// own, which a one-shot service makes for their user before they start,
+// and changes nothing else about how they are wired.
 func TestComposeEBPF(t *testing.T) {
 	plain := loadCompose(t, nil, "compose.yaml").Services["frontend"]
-	fe := loadCompose(t, nil, "compose.yaml", "deploy/compose.ebpf.yaml").Services["frontend"]
+	p := loadCompose(t, nil, "compose.yaml", "deploy/compose.ebpf.yaml")
+	fe := p.Services["frontend"]
 	if v := env(plain, "RECMESH_STEERING"); v != "auto" {
 		t.Errorf("compose.yaml frontend RECMESH_STEERING=%q; want auto (kernel-hash where eBPF cannot load)", v)
 	}
 	if v := env(fe, "RECMESH_STEERING"); v != "ebpf" {
 		t.Errorf("eBPF override: RECMESH_STEERING=%q; want ebpf", v)
 	}
-	for _, c := range []string{"BPF", "NET_ADMIN"} {
-		if !slices.Contains(fe.CapAdd, c) {
-			t.Errorf("eBPF override: cap_add %v lacks %s", fe.CapAdd, c)
+	if !slices.Equal(fe.CapAdd, []string{"BPF"}) {
+		t.Errorf("eBPF override: cap_add %v; want [BPF] only", fe.CapAdd)
+	}
+	const hostDir = "/sys/fs/bpf/recmesh"
+	var bound string
+	for _, v := range fe.Volumes {
+		if v.Source == hostDir {
+			bound = v.Target
+		}
+		if v.Source == "/sys/fs/bpf" {
+			t.Errorf("eBPF override mounts the whole bpffs into the frontends: %+v", v)
 		}
 	}
-	bpffs := false
-	for _, v := range fe.Volumes {
-		bpffs = bpffs || (v.Source == "/sys/fs/bpf" && v.Target == "/sys/fs/bpf")
+	if bound == "" {
+		t.Fatalf("eBPF override binds no %s into the frontends: %+v", hostDir, fe.Volumes)
 	}
-	if !bpffs {
-		t.Errorf("eBPF override mounts no /sys/fs/bpf: %+v", fe.Volumes)
+	if dir := env(fe, "RECMESH_STEERING_DIR"); dir != bound {
+		t.Errorf("eBPF override: RECMESH_STEERING_DIR=%q, but the bpffs directory is bound at %q", dir, bound)
 	}
-	if dir := env(fe, "RECMESH_STEERING_DIR"); !strings.HasPrefix(dir, "/sys/fs/bpf/") {
-		t.Errorf("eBPF override: RECMESH_STEERING_DIR=%q is not under the mounted bpffs", dir)
+	if fe.NetworkMode != plain.NetworkMode || fe.Ipc != plain.Ipc || fe.Pid != plain.Pid || fe.User != plain.User {
+		t.Error("the eBPF override changed the frontend's user or its network, ipc or pid namespace")
 	}
-	if fe.NetworkMode != plain.NetworkMode || fe.Ipc != plain.Ipc || fe.Pid != plain.Pid {
-		t.Error("the eBPF override changed the frontend's network, ipc or pid namespace")
+	for name := range plain.DependsOn {
+		if _, ok := fe.DependsOn[name]; !ok {
+			t.Errorf("eBPF override dropped the frontend's dependency on %s", name)
+		}
+	}
+	if d, ok := fe.DependsOn[steeringDirService]; !ok || d.Condition != "service_completed_successfully" {
+		t.Errorf("frontends do not wait for %s to complete: %+v", steeringDirService, fe.DependsOn)
+	}
+
+	// The one-shot makes the directory for the frontends' user, owner-only.
+	sd := p.Services[steeringDirService]
+	uid, _, _ := strings.Cut(fe.User, ":")
+	script := strings.Join(sd.Command, " ")
+	for _, want := range []string{"mkdir -p " + hostDir, "chown " + uid + ":" + uid + " " + hostDir, "chmod 0700 " + hostDir} {
+		if !strings.Contains(script, want) {
+			t.Errorf("%s command %q lacks %q", steeringDirService, script, want)
+		}
+	}
+	hostBPF := false
+	for _, v := range sd.Volumes {
+		hostBPF = hostBPF || (v.Source == "/sys/fs/bpf" && v.Target == "/sys/fs/bpf")
+	}
+	if !hostBPF {
+		t.Errorf("%s does not mount the host's bpffs: %+v", steeringDirService, sd.Volumes)
+	}
+	if sd.Restart != "no" {
+		t.Errorf("%s restart %q; want no (a one-shot)", steeringDirService, sd.Restart)
 	}
 }
+
+// steeringDirService is deploy/compose.ebpf.yaml's one-shot that makes the
+// frontends' directory on the host's bpffs.
+const steeringDirService = "steering-dir"
 
 // hardenedServices are the compose services that run a recmesh binary.
 var hardenedServices = []string{"bundle", "nats-identities", meshService, Embedder, Accelerator, Frontend}
@@ -516,17 +554,25 @@ func TestComposeHardening(t *testing.T) {
 	for _, files := range [][]string{{"compose.yaml"}, {"compose.yaml", "deploy/compose.cuda.yaml"}, {"compose.yaml", "deploy/compose.ebpf.yaml"}} {
 		p := loadCompose(t, nil, files...)
 		ebpf := slices.Contains(files, "deploy/compose.ebpf.yaml")
-		for _, name := range hardenedServices {
+		hardened := hardenedServices
+		if ebpf {
+			hardened = append(slices.Clone(hardened), steeringDirService)
+		}
+		for _, name := range hardened {
 			var add []string
-			if ebpf && name == Frontend {
-				// eBPF steering: load the program (BPF) and attach it
-				// to the socket (NET_ADMIN), nothing more.
-				add = []string{"BPF", "NET_ADMIN"}
+			switch {
+			case ebpf && name == Frontend:
+				// eBPF steering: create the maps and load the program,
+				// nothing more.
+				add = []string{"BPF"}
+			case name == steeringDirService:
+				// Hand the frontends' bpffs directory to their user.
+				add = []string{"CHOWN"}
 			}
 			checkHardened(t, fmt.Sprintf("%v %s", files, name), p.Services[name], add...)
 		}
 		for name, s := range p.Services {
-			if !slices.Contains(hardenedServices, name) && (len(s.CapAdd) != 0 || s.Privileged) {
+			if !slices.Contains(hardened, name) && (len(s.CapAdd) != 0 || s.Privileged) {
 				t.Errorf("%v %s: cap_add %v privileged %v", files, name, s.CapAdd, s.Privileged)
 			}
 		}

@@ -8,7 +8,7 @@ set -u
 why() { echo "steering-mode: kernel-hash: $*" >&2; echo kernel-hash; exit 0; }
 [ "$(id -u)" = 0 ] || why "not root"
 mountpoint -q /sys/fs/bpf || why "no bpffs at /sys/fs/bpf"
-id=$(docker create --cap-add BPF --cap-add NET_ADMIN debian:bookworm-slim true 2>&1) ||
+id=$(docker create --cap-add BPF debian:bookworm-slim true 2>&1) ||
 	why "the engine refuses CAP_BPF: $(echo "$id" | tail -1)"
 docker rm "$id" >/dev/null
 echo ebpf

@@ -87,10 +87,22 @@ type owner struct {
 
 // Open loads the steering program and opens (or, for the first frontend
 // of the port, creates and pins) the group's maps under dir. It fails when
-// this process may not use eBPF here (no CAP_BPF/CAP_NET_ADMIN, no bpffs,
-// an old kernel): the caller then falls back to ModeKernelHash.
+// this process may not use eBPF here (no CAP_BPF, no bpffs, an old
+// kernel): the caller then falls back to ModeKernelHash.
+//
+// CAP_BPF is the only capability it needs: the kernel treats an
+// SK_REUSEPORT program like a socket filter, not as one of the program
+// types that also need CAP_NET_ADMIN, and attaching it to the frontend's
+// own socket (SO_ATTACH_REUSEPORT_EBPF) needs none.
 func Open(dir string) (*Group, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			// systemd mounts /sys/fs/bpf root-only (0700): a frontend
+			// running as another user can neither create its group's
+			// directory there nor reach one made for it.
+			return nil, fmt.Errorf("steering: pin dir: %w (this user needs a directory of its own on the bpffs, and a path to it: "+
+				"install -d -o %d -m 0700 <dir>, bound elsewhere where the bpffs root is root-only, as deploy/compose.ebpf.yaml does)", err, os.Geteuid())
+		}
 		return nil, fmt.Errorf("steering: pin dir: %w", err)
 	}
 	var st unix.Statfs_t
@@ -125,6 +137,28 @@ func Open(dir string) (*Group, error) {
 // closing listener (BPF_SK_REUSEPORT_SELECT_OR_MIGRATE).
 func (g *Group) Migrates() bool { return g.migrate }
 
+// capabilityError is the bpf system call refused: for want of CAP_BPF, or
+// by a seccomp profile (Docker's admits bpf(2) to CAP_BPF only from Engine
+// 23.0). Its message names what to grant instead of cilium/ebpf's hint to
+// raise RLIMIT_MEMLOCK, which has not applied since Linux 5.11 charged BPF
+// memory to the cgroup.
+type capabilityError struct{ err error }
+
+func (e *capabilityError) Error() string {
+	return "operation not permitted: this process needs CAP_BPF (or root), and a seccomp profile that admits bpf(2)"
+}
+
+func (e *capabilityError) Unwrap() error { return e.err }
+
+// explainPermission turns a permission error of the bpf system call into a
+// capabilityError and returns any other error as it is.
+func explainPermission(err error) error {
+	if errors.Is(err, unix.EPERM) {
+		return &capabilityError{err: err}
+	}
+	return err
+}
+
 func pageRound(n int) int {
 	p := os.Getpagesize()
 	return (n + p - 1) / p * p
@@ -144,13 +178,13 @@ func openMap(dir, name string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
 			}
 			return m, nil
 		} else if !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("steering: open %s: %w", path, err)
+			return nil, fmt.Errorf("steering: open %s: %w", path, explainPermission(err))
 		}
 		spec := spec.Copy()
 		spec.Name = "recmesh_" + name
 		m, err := ebpf.NewMap(spec)
 		if err != nil {
-			return nil, fmt.Errorf("steering: create map %s: %w", name, err)
+			return nil, fmt.Errorf("steering: create map %s: %w", name, explainPermission(err))
 		}
 		if err := m.Pin(path); err == nil {
 			return m, nil
@@ -439,7 +473,7 @@ func loadProgram(socks, state *ebpf.Map) (*ebpf.Program, bool, error) {
 	spec.AttachType = ebpf.AttachSkReuseportSelect
 	p, err2 := ebpf.NewProgram(spec)
 	if err2 != nil {
-		return nil, false, fmt.Errorf("steering: load program: %w (with migration: %v)", err2, err)
+		return nil, false, fmt.Errorf("steering: load program: %w (with migration: %v)", explainPermission(err2), err)
 	}
 	return p, false, nil
 }

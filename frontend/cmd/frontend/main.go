@@ -127,7 +127,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.DurationVar(&c.referenceDelay, "reference-delay", 0, "reference backend only, for tests: extra delay per call")
 	fs.DurationVar(&c.drainDelay, "drain-delay", frontend.DefaultDrainDelay, "on SIGTERM, keep serving unready this long before refusing new calls")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", frontend.DefaultDrainTimeout, "on SIGTERM, give calls in flight this long to finish")
-	fs.StringVar(&c.steering, "steering", frontend.SteeringAuto, "how the port's frontends share new connections: auto (ebpf where this process may load it, else kernel-hash), ebpf (the least loaded ready frontend; needs CAP_BPF and CAP_NET_ADMIN and a bpffs), kernel-hash (the kernel's hash; listen only once ready)")
+	fs.StringVar(&c.steering, "steering", frontend.SteeringAuto, "how the port's frontends share new connections: auto (ebpf where this process may load it, else kernel-hash), ebpf (the least loaded ready frontend; needs CAP_BPF and a bpffs directory this user owns), kernel-hash (the kernel's hash; listen only once ready)")
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "PEM certificate of the gRPC port (with --tls-key turns on TLS; re-read when it changes)")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&c.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require clients to present a certificate it signed (mutual TLS)")
