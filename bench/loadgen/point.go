@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/recmesh/recmesh/bench/monitor"
+	"github.com/recmesh/recmesh/bench/stall"
 )
 
 // PointSchema names the JSON layout of a Point; bump it on an
@@ -67,6 +68,9 @@ type RunRecord struct {
 	Repeat int `json:"repeat"`
 	*Result
 	Monitor *monitor.Report `json:"monitor,omitempty"`
+	// Stalls is what the stall probes saw over the window, one per CPU
+	// watched (loadgen run -stall-cpus).
+	Stalls []*stall.Report `json:"stalls,omitempty"`
 	// Client is the load generator's own CPU use over the window, when
 	// the caller measured it.
 	Client *ClientUsage `json:"client,omitempty"`

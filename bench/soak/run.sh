@@ -34,15 +34,29 @@
 # where rss_drift_pct compares the mesh's peak PSS in the last minute with
 # the first (targets: drift <= 5 %, p99_ms_max <= 1.5 x p99_ms_min, no
 # errors). Not run in CI: it takes half an hour.
+#
+# Where the mesh has a CPU of its own, each minute also watches the first
+# CPU of the mesh's and of the load generator's for stalls no process
+# causes (loadgen -stall-cpus: a real-time thread pinned on each, and the
+# CPU's steal time; package stall): on a virtual machine the hypervisor can
+# take a core for tens of milliseconds, which moves a minute's p99 with the
+# machine rather than with the mesh. Each minute's line says what the
+# probes saw, and a line before the last gives the worst stall, the
+# minutes with a stall over 10 ms on either CPU, and the p99 range over
+# the other minutes.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: run.sh BIN_DIR BUNDLE OUT_DIR [MINUTES]" >&2; exit 2; }
 BIN=$1 BUNDLE=$2 OUT=$3 MINUTES=${4:-30} MODE=${5:-slo}
 mkdir -p "$OUT"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-SERVER_PIN=() CLIENT_PIN=()
+SERVER_PIN=() CLIENT_PIN=() STALL=()
 if [ "$(nproc)" -ge 2 ]; then
-	SERVER_PIN=(taskset -c "${SOAK_SERVER_CPUS:-0}")
-	CLIENT_PIN=(-cpus "${SOAK_CLIENT_CPUS:-1-$(($(nproc) - 1))}")
+	SERVER_CPUS=${SOAK_SERVER_CPUS:-0} CLIENT_CPUS=${SOAK_CLIENT_CPUS:-1-$(($(nproc) - 1))}
+	SERVER_PIN=(taskset -c "$SERVER_CPUS")
+	CLIENT_PIN=(-cpus "$CLIENT_CPUS")
+	# The first CPU of each: a stall probe per CPU costs a wake-up a
+	# millisecond there.
+	STALL=(-stall-cpus "${SERVER_CPUS%%[,-]*},${CLIENT_CPUS%%[,-]*}")
 fi
 "${SERVER_PIN[@]}" "$BIN/recmesh" run --bundle "$BUNDLE" --port "$PORT" --segment "recmesh-soak-$$" --batch-mode "$MODE" >"$OUT/mesh.log" 2>&1 &
 MESH=$!
@@ -88,12 +102,15 @@ echo "soak: open-loop peak ${LO} requests/s (p99 <= ${TARGET_MS} ms, no errors; 
 
 for i in $(seq 1 "$MINUTES"); do
 	"$BIN/loadgen" run "${CLIENT_PIN[@]}" -target "$TARGET" -bundle "$BUNDLE" -mode open -rate "$RATE" -batch 16 \
-		-warmup 0s -duration 60s -monitor-pids "$MESH" -out "$OUT/minute-$i.json" >/dev/null
+		-warmup 0s -duration 60s -monitor-pids "$MESH" "${STALL[@]}" -out "$OUT/minute-$i.json" >/dev/null
 	python3 - "$OUT/minute-$i.json" "$i" <<'PY'
 import json, sys
-s = json.load(open(sys.argv[1]))["summary"]
+p = json.load(open(sys.argv[1]))
+s = p["summary"]
+host = "".join(f", CPU {st['cpu']} stall max {st['max_delay_ms']:.1f} ms steal {st['steal_pct']:.1f} %"
+               for st in p["runs"][0].get("stalls") or [])
 print(f"soak: minute {sys.argv[2]}: {s['requests_per_s']:.0f} requests/s, p99 {s['p99_ms']:.2f} ms, "
-      f"errors {s['errors']}, mesh PSS {s['server_peak_pss_bytes'] / 2**20:.0f} MiB", flush=True)
+      f"errors {s['errors']}, mesh PSS {s['server_peak_pss_bytes'] / 2**20:.0f} MiB{host}", flush=True)
 PY
 done
 
@@ -106,6 +123,17 @@ errors = sum(m["summary"]["errors"] for m in ms)
 pss = [m["summary"]["server_peak_pss_bytes"] for m in ms]
 p99 = [m["summary"]["p99_ms"] for m in ms]
 drift = (pss[-1] - pss[0]) / pss[0] * 100 if pss[0] else float("nan")
+stalls = [m["runs"][0].get("stalls") or [] for m in ms]
+if all(stalls):
+    every = [st for minute in stalls for st in minute]
+    stalled = [any(st["late_over_10ms"] > 0 for st in minute) for minute in stalls]
+    calm = [x for x, bad in zip(p99, stalled) if not bad]
+    rng = f"p99_ms_min={min(calm):.2f} p99_ms_max={max(calm):.2f}" if calm else "p99_ms_min=none p99_ms_max=none"
+    cpus = ",".join(str(st["cpu"]) for st in stalls[0])
+    print(f"soak: host cpus={cpus} realtime_probe={str(all(st['realtime'] for st in every)).lower()} "
+          f"stall_ms_max={max(st['max_delay_ms'] for st in every):.1f} "
+          f"minutes_with_stalls_over_10ms={sum(stalled)} "
+          f"steal_pct_max={max(st['steal_pct'] for st in every):.1f}; the other {len(calm)} minutes: {rng}")
 print(f"soak: minutes={minutes} requests={req} errors={errors} rss_drift_pct={drift:.2f} "
       f"p99_ms_min={min(p99):.2f} p99_ms_max={max(p99):.2f}")
 PY

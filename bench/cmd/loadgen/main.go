@@ -7,14 +7,22 @@
 //	loadgen parity [flags]  compare the server's scores with the plain-Go
 //	                        reference on the same bundle; exit 1 unless
 //	                        max|Δ| ≤ -tolerance
+//	loadgen stall-probe -cpu N
+//	                        watch CPU N for stalls (package stall) until
+//	                        stdin closes, then print the report as JSON;
+//	                        run -stall-cpus starts one per CPU and window
 //
 // -cpus pins the whole load generator (every thread) to a CPU list before
 // it starts any goroutine, as `taskset -a` would; see package cpuset.
 // -monitor-pids samples the server's CPU time and memory (package monitor)
-// over exactly each measured window.
+// over exactly each measured window. -stall-cpus watches CPUs (the
+// server's, the load generator's) for stalls that no process causes
+// (package stall) over the same window, so a tail that moved with the
+// machine can be told from one that moved with the server.
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -34,6 +43,7 @@ import (
 	"github.com/recmesh/recmesh/bench/loadgen"
 	"github.com/recmesh/recmesh/bench/monitor"
 	"github.com/recmesh/recmesh/bench/parity"
+	"github.com/recmesh/recmesh/bench/stall"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/oip"
 )
@@ -62,8 +72,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runLoad(ctx, args, stdout, stderr)
 	case "parity":
 		return runParity(ctx, args, stdout, stderr)
+	case "stall-probe":
+		return runStallProbe(args, os.Stdin, stdout, stderr)
 	default:
-		return fmt.Errorf("unknown command %q (want run or parity)", cmd)
+		return fmt.Errorf("unknown command %q (want run, parity or stall-probe)", cmd)
 	}
 }
 
@@ -166,6 +178,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		monPIDs        string
 		monDescendants bool
 		monInterval    time.Duration
+		stallCPUList   string
 	)
 	fs := flag.NewFlagSet("loadgen run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -191,11 +204,16 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&monPIDs, "monitor-pids", "", "comma-separated server `pids` to sample during each measured window")
 	fs.BoolVar(&monDescendants, "monitor-descendants", true, "also sample every descendant of -monitor-pids")
 	fs.DurationVar(&monInterval, "monitor-interval", monitor.DefaultInterval, "monitor sampling period")
+	fs.StringVar(&stallCPUList, "stall-cpus", "", "during each measured window, watch these CPUs (`list`: the server's, the load generator's) for stalls no process causes: a real-time thread pinned on each reports how late its 1 ms wake-ups come, beside the CPU's steal time")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	stallCPUs, err := parseStallCPUs(stallCPUList)
+	if err != nil {
+		return err
 	}
 	pinned, err := c.pin()
 	if err != nil {
@@ -257,7 +275,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			Mode: m, Concurrency: concurrency, Rate: rate, MaxOutstanding: maxOutstanding,
 			Warmup: warmup, Duration: duration, Timeout: timeout, Seed: seed + uint64(i),
 		}
-		rec, err := measure(ctx, conns, w, rc, pids, monDescendants, monInterval)
+		rec, err := measure(ctx, conns, w, rc, pids, monDescendants, monInterval, stallCPUs)
 		if err != nil {
 			return fmt.Errorf("repeat %d: %w", i+1, err)
 		}
@@ -278,37 +296,166 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return nil
 }
 
-// measure runs one repeat, with the monitor (when there are pids) over the
-// measured window.
+// measure runs one repeat, with the monitor (when there are pids) and a
+// stall probe per CPU of stallCPUs over the measured window.
 func measure(ctx context.Context, conns *oip.Pool, w *loadgen.Workload, rc loadgen.Config,
-	pids []int, descendants bool, interval time.Duration) (loadgen.RunRecord, error) {
+	pids []int, descendants bool, interval time.Duration, stallCPUs []int) (loadgen.RunRecord, error) {
 	var (
-		mon    *monitor.Monitor
-		rep    *monitor.Report
-		monErr error
+		mon      *monitor.Monitor
+		rep      *monitor.Report
+		monErr   error
+		probes   []*stallProbe
+		stalls   []*stall.Report
+		stallErr error
+		ended    bool
 	)
+	stopProbes := func() {
+		for _, p := range probes {
+			r, err := p.stop()
+			stalls = append(stalls, r)
+			stallErr = cmp.Or(stallErr, err)
+		}
+		probes = nil
+	}
 	var hooks loadgen.Hooks
-	if len(pids) > 0 {
-		hooks.WindowStart = func() {
+	hooks.WindowStart = func() {
+		for _, cpu := range stallCPUs {
+			p, err := startStallProbe(cpu)
+			if err != nil {
+				stallErr = err
+				break
+			}
+			probes = append(probes, p)
+		}
+		if len(pids) > 0 {
 			mon, monErr = monitor.Start(monitor.Options{PIDs: pids, Descendants: descendants, Interval: interval})
 		}
-		hooks.WindowEnd = func() {
-			if mon != nil {
-				rep, monErr = mon.Stop()
-			}
+	}
+	hooks.WindowEnd = func() {
+		ended = true
+		if mon != nil {
+			rep, monErr = mon.Stop()
 		}
+		stopProbes()
 	}
 	res, err := loadgen.Run(ctx, conns, w, rc, hooks)
+	if !ended {
+		stopProbes() // the window never ended (a cancelled run)
+	}
 	if err != nil {
 		return loadgen.RunRecord{}, err
 	}
 	if monErr != nil {
 		return loadgen.RunRecord{}, fmt.Errorf("monitor: %w", monErr)
 	}
+	if stallErr != nil {
+		return loadgen.RunRecord{}, fmt.Errorf("stall probe: %w", stallErr)
+	}
 	if rep != nil {
 		rep.SetExamples(res.CompletedInWindow * int64(w.BatchSize))
 	}
-	return loadgen.RunRecord{Result: res, Monitor: rep}, nil
+	return loadgen.RunRecord{Result: res, Monitor: rep, Stalls: stalls}, nil
+}
+
+// parseStallCPUs is -stall-cpus: a CPU list, each CPU on this machine
+// (runtime.NumCPU counts them here: the load generator has not pinned
+// itself yet).
+func parseStallCPUs(list string) ([]int, error) {
+	if list == "" {
+		return nil, nil
+	}
+	set, err := cpuset.Parse(list)
+	if err != nil {
+		return nil, fmt.Errorf("-stall-cpus: %w", err)
+	}
+	var cpus []int
+	for cpu, left := 0, set.Count(); left > 0; cpu++ {
+		if !set.IsSet(cpu) {
+			continue
+		}
+		if cpu >= runtime.NumCPU() {
+			return nil, fmt.Errorf("-stall-cpus %s: this machine has CPUs 0 to %d", list, runtime.NumCPU()-1)
+		}
+		cpus = append(cpus, cpu)
+		left--
+	}
+	return cpus, nil
+}
+
+// stallProbe is a running `loadgen stall-probe`: a process of its own, so
+// its real-time thread and the raw sleeps it needs (package stall) share
+// no Go scheduler with the load generator's goroutines.
+type stallProbe struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   strings.Builder
+}
+
+func startStallProbe(cpu int) (*stallProbe, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	p := &stallProbe{cmd: exec.Command(exe, "stall-probe", "-cpu", strconv.Itoa(cpu))}
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	p.cmd.Stdout = &p.out
+	p.cmd.Stderr = os.Stderr
+	// If the load generator dies, the probe's stdin closes and it ends.
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// stop ends the probe (by closing its stdin) and returns its report.
+func (p *stallProbe) stop() (*stall.Report, error) {
+	p.stdin.Close()
+	if err := p.cmd.Wait(); err != nil {
+		return nil, fmt.Errorf("stall-probe %v: %w", p.cmd.Args[2:], err)
+	}
+	var r stall.Report
+	if err := json.Unmarshal([]byte(p.out.String()), &r); err != nil {
+		return nil, fmt.Errorf("read its report %q: %w", p.out.String(), err)
+	}
+	return &r, nil
+}
+
+// runStallProbe is `loadgen stall-probe`: probe until stdin closes, then
+// print the report as JSON.
+func runStallProbe(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	var (
+		cpu    int
+		period time.Duration
+	)
+	fs := flag.NewFlagSet("loadgen stall-probe", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	usage(fs, "usage: loadgen stall-probe -cpu N: watch CPU N for stalls until stdin closes, then print the report as JSON")
+	fs.IntVar(&cpu, "cpu", -1, "the `CPU` to watch")
+	fs.DurationVar(&period, "period", stall.DefaultPeriod, "sleep between the probe's wake-ups")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	// No check against runtime.NumCPU: it counts the CPUs this process
+	// may use, and the probe starts with the load generator's (another);
+	// a CPU the machine does not have fails the probe's pinning.
+	if cpu < 0 {
+		return fmt.Errorf("-cpu %d: want the CPU to watch", cpu)
+	}
+	// The probe's thread holds a P through its raw sleeps: give the
+	// goroutine that watches stdin another.
+	runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 2))
+	stop := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, stdin)
+		close(stop)
+	}()
+	r, err := stall.Run(stall.Options{CPU: cpu, Period: period}, stop)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(stdout).Encode(r)
 }
 
 func describe(p *loadgen.Point, r loadgen.RunRecord) string {
@@ -325,6 +472,9 @@ func describe(p *loadgen.Point, r loadgen.RunRecord) string {
 	if m := r.Monitor; m != nil {
 		s += fmt.Sprintf("\n  server: %.2f cores, %.3f CPU-s per 1k examples, peak RSS %.1f MiB, peak PSS %.1f MiB (%d processes)",
 			m.CPUCores, m.CPUSecondsPer1kExamples, float64(m.PeakRSSBytes)/(1<<20), float64(m.PeakPSSBytes)/(1<<20), len(m.Processes))
+	}
+	for _, st := range r.Stalls {
+		s += "\n  host: " + st.String()
 	}
 	return s
 }

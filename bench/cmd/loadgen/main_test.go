@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +15,19 @@ import (
 	"github.com/recmesh/recmesh/bench/loadgen"
 	"github.com/recmesh/recmesh/model"
 )
+
+// TestMain lets the test binary stand in for loadgen where loadgen runs
+// itself: run -stall-cpus starts `<its executable> stall-probe`.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "stall-probe" {
+		if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 func runCLI(t *testing.T, args ...string) (string, error) {
 	t.Helper()
@@ -68,6 +83,45 @@ func TestRunOpenLoop(t *testing.T) {
 	}
 }
 
+// TestRunWatchesStalls: -stall-cpus runs a stall probe on each CPU over
+// each measured window and records what they saw beside the run.
+func TestRunWatchesStalls(t *testing.T) {
+	srv := oiptest.Start(t, model.DLRMv2(model.DevVocabCap), oiptest.Options{})
+	path := filepath.Join(t.TempDir(), "stalls.json")
+	want := []int{0}
+	if runtime.NumCPU() > 1 {
+		want = append(want, runtime.NumCPU()-1)
+	}
+	cpus := fmt.Sprint(want[0])
+	if len(want) > 1 {
+		cpus += "," + fmt.Sprint(want[1])
+	}
+	out, err := runCLI(t, "run", "-target", srv.Addr, "-max-vocab", "1000", "-batch", "1", "-concurrency", "2",
+		"-warmup", "100ms", "-duration", "400ms", "-repeats", "2", "-pool", "4", "-stall-cpus", cpus, "-out", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(out, "host: CPU 0 stalls: max "); got != 2 {
+		t.Errorf("%d host lines for CPU 0 in the output, want one per run", got)
+	}
+	p, err := loadgen.ReadPoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range p.Runs {
+		if len(r.Stalls) != len(want) {
+			t.Fatalf("run %d: %d stall reports, want %d", r.Repeat, len(r.Stalls), len(want))
+		}
+		for i, st := range r.Stalls {
+			// 1 ms wake-ups over a 0.4 s window: hundreds, unless the
+			// machine is very busy.
+			if st == nil || st.CPU != want[i] || st.Wakeups < 50 || st.WallS < 0.35 || st.StealPct < 0 {
+				t.Errorf("run %d: stalls of CPU %d: %+v", r.Repeat, want[i], st)
+			}
+		}
+	}
+}
+
 func TestParityCommand(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "bundle")
 	if err := model.Export(context.Background(), dir, model.DLRMv2(model.DevVocabCap), 1, nil); err != nil {
@@ -110,6 +164,10 @@ func TestBadArguments(t *testing.T) {
 		{"run", "extra"},
 		{"parity", "-batch-sizes", "1,0"},
 		{"run", "-bundle", "/nonexistent"},
+		{"run", "-stall-cpus", "4096"},
+		{"run", "-stall-cpus", "zero"},
+		{"stall-probe"},
+		{"stall-probe", "-cpu", "4096"},
 	} {
 		if _, err := runCLI(t, args...); err == nil {
 			t.Errorf("loadgen %v succeeded", args)
