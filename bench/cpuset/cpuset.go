@@ -88,6 +88,17 @@ func Format(set unix.CPUSet) string {
 	return strings.Join(parts, ",")
 }
 
+// CPUs lists the CPUs of set in ascending order.
+func CPUs(set unix.CPUSet) []int {
+	var cpus []int
+	for c := 0; c < maxCPU && len(cpus) < set.Count(); c++ {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpus
+}
+
 // maxPasses bounds PinProcess's passes over the threads; threads are born
 // only rarely, so the second pass normally finds nothing to do.
 const maxPasses = 10

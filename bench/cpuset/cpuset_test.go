@@ -2,6 +2,7 @@ package cpuset
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 
@@ -31,6 +32,21 @@ func TestParseFormat(t *testing.T) {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("Parse(%q) succeeded", bad)
 		}
+	}
+}
+
+func TestCPUs(t *testing.T) {
+	for in, want := range map[string][]int{"0": {0}, "3,1-2": {1, 2, 3}, "0-1,63,1000": {0, 1, 63, 1000}} {
+		set, err := Parse(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := CPUs(set); !slices.Equal(got, want) {
+			t.Errorf("CPUs(%q) = %v, want %v", in, got, want)
+		}
+	}
+	if got := CPUs(unix.CPUSet{}); len(got) != 0 {
+		t.Errorf("CPUs(empty) = %v", got)
 	}
 }
 

@@ -6,11 +6,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/recmesh/recmesh/bench/cpuset"
 )
 
 const statFixture = `cpu  2046268 2965 318801 2587157 14321 0 46367 28968 0 0
@@ -37,6 +40,17 @@ func TestParseSteal(t *testing.T) {
 	if _, _, err := parseSteal([]byte("cpu0 1 2 3 4\n"), 0); err == nil {
 		t.Fatal("a line without steal parsed")
 	}
+}
+
+// allowedCPUs are the CPUs this process may run on, in order: the probe
+// can pin only to one of them (a container's cpuset need not hold CPU 0).
+func allowedCPUs(t *testing.T) []int {
+	t.Helper()
+	set, err := cpuset.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cpuset.CPUs(set)
 }
 
 // probe runs Run on its own goroutine for d and returns its report.
@@ -67,7 +81,7 @@ func probe(t *testing.T, opts Options, d time.Duration, during func()) *Report {
 // TestRunCountsWakeups: every period a wake-up, the window's length
 // measured, steal read from the real /proc/stat.
 func TestRunCountsWakeups(t *testing.T) {
-	r := probe(t, Options{CPU: 0, Period: 2 * time.Millisecond}, 300*time.Millisecond, nil)
+	r := probe(t, Options{CPU: allowedCPUs(t)[0], Period: 2 * time.Millisecond}, 300*time.Millisecond, nil)
 	t.Logf("%s", r)
 	if r.WallS < 0.29 || r.WallS > 5 {
 		t.Fatalf("window %.3f s, want about 0.3", r.WallS)
@@ -92,9 +106,10 @@ func TestRunCountsWakeups(t *testing.T) {
 // to real-time priority (root or CAP_SYS_NICE).
 func TestRunSeesAStall(t *testing.T) {
 	var spun float64 // ms
+	cpu := allowedCPUs(t)[0]
 	hog := func() {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), hogEnv+"=1", "GOMAXPROCS=1", "GODEBUG=asyncpreemptoff=1")
+		cmd.Env = append(os.Environ(), hogEnv+"="+strconv.Itoa(cpu), "GOMAXPROCS=1", "GODEBUG=asyncpreemptoff=1")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			if strings.Contains(string(out), "no real-time priority") {
@@ -106,7 +121,7 @@ func TestRunSeesAStall(t *testing.T) {
 			t.Fatalf("hog printed %q: %v", out, err)
 		}
 	}
-	r := probe(t, Options{CPU: 0}, 20*time.Millisecond, hog)
+	r := probe(t, Options{CPU: cpu}, 20*time.Millisecond, hog)
 	t.Logf("hog spun %.1f ms; %s", spun, r)
 	if !r.RealTime {
 		t.Skip("the probe got no real-time priority here")
@@ -115,30 +130,36 @@ func TestRunSeesAStall(t *testing.T) {
 	// period later: it wakes nearly as late as the spin is long (measured
 	// within 3.5 ms of it under load).
 	if spun < 20 || r.MaxDelayMs < 0.8*spun || r.LateOver10ms < 1 {
-		t.Fatalf("a %.1f ms stall of CPU 0 seen as max %.2f ms, %d wake-ups late by > 10 ms", spun, r.MaxDelayMs, r.LateOver10ms)
+		t.Fatalf("a %.1f ms stall of CPU %d seen as max %.2f ms, %d wake-ups late by > 10 ms", spun, cpu, r.MaxDelayMs, r.LateOver10ms)
 	}
 }
 
-// hogEnv makes the test binary the spinner of TestRunSeesAStall.
+// hogEnv makes the test binary the spinner of TestRunSeesAStall, on the
+// CPU it names.
 const hogEnv = "RECMESH_STALL_TEST_HOG"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(hogEnv) != "" {
-		runHog()
+	if v := os.Getenv(hogEnv); v != "" {
+		cpu, err := strconv.Atoi(v)
+		if err != nil {
+			fmt.Println("hog CPU:", err)
+			os.Exit(1)
+		}
+		runHog(cpu)
 		return
 	}
 	os.Exit(m.Run())
 }
 
-// runHog pins itself to CPU 0 at a real-time priority above the probe's,
+// runHog pins itself to cpu at a real-time priority above the probe's,
 // waits for the probe to settle, spins some tens of milliseconds and
 // prints how long the spin took. The spin loop calls nothing, and the
 // process runs with asynchronous preemption off and one P, so nothing in
 // Go takes the CPU back before the loop ends.
-func runHog() {
+func runHog(cpu int) {
 	runtime.LockOSThread()
 	var set unix.CPUSet
-	set.Set(0)
+	set.Set(cpu)
 	if err := unix.SchedSetaffinity(0, &set); err != nil {
 		fmt.Println("pin:", err)
 		os.Exit(1)

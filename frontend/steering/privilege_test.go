@@ -86,6 +86,9 @@ func openAndJoin(dir string) string {
 // Needs root, to mount the bpffs and start the helper as another user.
 func TestOpenWithOnlyCAPBPF(t *testing.T) {
 	if os.Geteuid() != 0 {
+		if os.Getenv("RECMESH_REQUIRE_EBPF") != "" {
+			t.Fatal("eBPF steering required here, but this test mounts a bpffs and starts a process as another user: run it as root")
+		}
 		t.Skip("mounts a bpffs and starts a process as another user: needs root")
 	}
 	testGroup(t) // skips (or, under RECMESH_REQUIRE_EBPF, fails) where eBPF cannot run at all

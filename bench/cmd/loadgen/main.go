@@ -368,16 +368,9 @@ func parseStallCPUs(list string) ([]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("-stall-cpus: %w", err)
 	}
-	var cpus []int
-	for cpu, left := 0, set.Count(); left > 0; cpu++ {
-		if !set.IsSet(cpu) {
-			continue
-		}
-		if cpu >= runtime.NumCPU() {
-			return nil, fmt.Errorf("-stall-cpus %s: this machine has CPUs 0 to %d", list, runtime.NumCPU()-1)
-		}
-		cpus = append(cpus, cpu)
-		left--
+	cpus := cpuset.CPUs(set)
+	if last := cpus[len(cpus)-1]; last >= runtime.NumCPU() {
+		return nil, fmt.Errorf("-stall-cpus %s: this machine has CPUs 0 to %d", list, runtime.NumCPU()-1)
 	}
 	return cpus, nil
 }
