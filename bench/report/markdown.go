@@ -248,8 +248,9 @@ func writeMemory(b *strings.Builder, h string, r *Run) {
 
 func writeSweep(b *strings.Builder, h string, pts []*loadgen.Point, arms []string, batches []int) {
 	b.WriteString(h + " Full closed-loop sweep\n\n")
-	b.WriteString("Client cores is the load generator's own CPU use; a point where it reached 90% of its CPUs is marked saturated and never counts under a budget.\n\n")
-	t := newTable(b, "arm", "B_req", "C", "requests/s", "examples/s", "p50 ms", "p99 ms", "errors", "server cores", "CPU-s / 1k ex.", "peak PSS", "client cores")
+	b.WriteString("Client cores is the load generator's own CPU use; a point where it reached 90% of its CPUs is marked saturated and never counts under a budget. " +
+		"Host stall is the latest wake-up of a real-time probe on the server's and the load generator's first CPU over the point's windows (package `stall`): time the machine did not give the guest, which lands on every request in flight.\n\n")
+	t := newTable(b, "arm", "B_req", "C", "requests/s", "examples/s", "p50 ms", "p99 ms", "errors", "server cores", "CPU-s / 1k ex.", "peak PSS", "client cores", "host stall ms")
 	for _, a := range arms {
 		for _, bq := range batches {
 			for _, c := range Clients(pts) {
@@ -260,11 +261,28 @@ func writeSweep(b *strings.Builder, h string, pts []*loadgen.Point, arms []strin
 				s := p.Summary
 				t.row(code(a), strconv.Itoa(bq), strconv.Itoa(c), num(s.RequestsPerS), num(s.ExamplesPerS), ms(s.P50Ms), ms(s.P99Ms),
 					strconv.FormatInt(s.Errors, 10), fmt.Sprintf("%.2f", s.ServerCPUCores), fmt.Sprintf("%.3f", s.ServerCPUSPer1kExamples), memCell(s.ServerPeakPSSBytes),
-					clientCell(s))
+					clientCell(s), stallCell(p))
 			}
 		}
 	}
 	b.WriteString("\n")
+}
+
+// stallCell is the latest probe wake-up over the point's runs, "—" when
+// no probe ran.
+func stallCell(p *loadgen.Point) string {
+	worst := -1.0
+	for _, r := range p.Runs {
+		for _, st := range r.Stalls {
+			if st != nil {
+				worst = max(worst, st.MaxDelayMs)
+			}
+		}
+	}
+	if worst < 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f", worst)
 }
 
 func writeArms(b *strings.Builder, h string, r *Run) {

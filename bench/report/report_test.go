@@ -9,6 +9,7 @@ import (
 
 	"github.com/recmesh/recmesh/bench/loadgen"
 	"github.com/recmesh/recmesh/bench/monitor"
+	"github.com/recmesh/recmesh/bench/stall"
 )
 
 // pt builds a closed-loop point from per-repeat (examples/s, p99 ms)
@@ -167,6 +168,9 @@ func TestWriteReportAndCharts(t *testing.T) {
 		}},
 		Points: synthetic(),
 	}
+	// Probes watched one point's second repeat: its sweep row shows the
+	// worst, the others a dash.
+	r.Points[0].Runs[1].Stalls = []*stall.Report{{CPU: 0, MaxDelayMs: 3}, {CPU: 1, MaxDelayMs: 12.5}}
 	for i, p := range r.Points {
 		f := filepath.Join(p.Arm, strings.ReplaceAll(p.Label, ".", "_")+"-"+string(rune('a'+i))+".json")
 		if err := p.WriteFile(filepath.Join(dir, f)); err != nil {
@@ -206,6 +210,9 @@ func TestWriteReportAndCharts(t *testing.T) {
 		"![p99 latency vs throughput, B_req 1](p99-vs-throughput-b1.svg)",
 		"| CPU | cpu (2 logical CPUs) |",
 		"| jax | 0.10.2 |",
+		"| host stall ms |",
+		"| 1.000 | 8.0 MiB | — | 12.5 |",
+		"| 5.000 | 0.5 MiB | — | — |",
 	} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("REPORT.md lacks %q", want)

@@ -16,6 +16,10 @@
 //
 // The probe costs one short wake-up per period (1 ms by default) on the
 // CPU it watches.
+//
+// A benchmark runs each probe in a process of its own (StartProcess, and
+// Command on the probe's side), so that the probe's thread shares no Go
+// scheduler with the load generator's goroutines.
 package stall
 
 import (

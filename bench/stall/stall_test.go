@@ -139,6 +139,14 @@ func TestRunSeesAStall(t *testing.T) {
 const hogEnv = "RECMESH_STALL_TEST_HOG"
 
 func TestMain(m *testing.M) {
+	// StartProcess runs this binary as the probe.
+	if len(os.Args) > 1 && os.Args[1] == ProbeCommand {
+		if err := Command("stall.test", os.Args[2:], os.Stdin, os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if v := os.Getenv(hogEnv); v != "" {
 		cpu, err := strconv.Atoi(v)
 		if err != nil {

@@ -6,8 +6,9 @@
 // plain-Go reference (an arm that fails is not measured), sweeps the closed
 // loop over every request size B_req and client count C, then the open
 // loop at fractions of that arm's own closed-loop peak, with the resource
-// monitor on the arm's process tree and the load generator's own CPU use
-// over each measured window; it writes one point JSON per configuration
+// monitor on the arm's process tree, the load generator's own CPU use and
+// a host-stall probe per watched CPU (package stall) over each measured
+// window; it writes one point JSON per configuration
 // under <results>/<workload>/<arm>/ and stops the arm. Before the arms it
 // times the workload's dense network against its lookups on one server
 // core. With the first workload it runs the memory-scaling check (the mesh
@@ -47,6 +48,7 @@ import (
 	"github.com/recmesh/recmesh/bench/monitor"
 	"github.com/recmesh/recmesh/bench/parity"
 	"github.com/recmesh/recmesh/bench/report"
+	"github.com/recmesh/recmesh/bench/stall"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/oip"
 )
@@ -84,8 +86,11 @@ type config struct {
 	frontends              int
 	pyProcesses, pyWorkers int
 	serverCPUs, clientCPUs string
-	timeout, readyTimeout  time.Duration
-	parityExamples         int
+	// stallCPUs are watched for host stalls over every measured window
+	// (package stall); none when empty.
+	stallCPUs             []int
+	timeout, readyTimeout time.Duration
+	parityExamples        int
 
 	memArms                []string
 	memInstances           []int
@@ -113,9 +118,25 @@ func defaultCPUs(n int) (server, client string) {
 	return fmt.Sprintf("0-%d", n-c-1), fmt.Sprintf("%d-%d", n-c, n-1)
 }
 
+// defaultStallCPUs is the first CPU of each of server and client (CPU
+// lists): a probe costs a wake-up a millisecond, and one per side shows
+// a stall of the host that either suffered.
+func defaultStallCPUs(server, client string) string {
+	var firsts []string
+	for _, list := range []string{server, client} {
+		if set, err := cpuset.Parse(list); err == nil && set.Count() > 0 {
+			firsts = append(firsts, strconv.Itoa(cpuset.CPUs(set)[0]))
+		}
+	}
+	return strings.Join(firsts, ",")
+}
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == stall.ProbeCommand {
+		return stall.Command("benchrun", args[1:], os.Stdin, stdout, stderr)
+	}
 	c := &config{out: stdout}
-	var arms, batches, clients, fracs, memArms, memInst, workloads, workloadName string
+	var arms, batches, clients, fracs, memArms, memInst, workloads, workloadName, stallCPUs string
 	defServer, defClient := defaultCPUs(runtime.NumCPU())
 	fs := flag.NewFlagSet("benchrun", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -142,6 +163,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&c.pyWorkers, "py-workers", 8, "gRPC worker threads per Python process")
 	fs.StringVar(&c.serverCPUs, "server-cpus", defServer, "CPU `list` every arm is pinned to (empty: not pinned)")
 	fs.StringVar(&c.clientCPUs, "client-cpus", defClient, "CPU `list` the load generator and monitor are pinned to (empty: not pinned)")
+	fs.StringVar(&stallCPUs, "stall-cpus", defaultStallCPUs(defServer, defClient), "CPU `list` watched for host stalls over every measured window, recorded with each run and printed per point: a real-time thread pinned on each reports how late its 1 ms wake-ups come, beside the CPU's steal time (empty: none)")
 	fs.DurationVar(&c.timeout, "timeout", loadgen.DefaultTimeout, "per-request deadline")
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 5*time.Minute, "how long an arm may take to start")
 	fs.IntVar(&c.parityExamples, "parity-examples", parity.DefaultExamples, "examples compared by the parity check")
@@ -181,6 +203,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if c.serverCPUs != "" {
 		if _, err := cpuset.Parse(c.serverCPUs); err != nil {
 			return fmt.Errorf("-server-cpus: %w", err)
+		}
+	}
+	if stallCPUs != "" {
+		set, err := cpuset.Parse(stallCPUs)
+		if err != nil {
+			return fmt.Errorf("-stall-cpus: %w", err)
+		}
+		c.stallCPUs = cpuset.CPUs(set)
+		if last := c.stallCPUs[len(c.stallCPUs)-1]; last >= runtime.NumCPU() {
+			return fmt.Errorf("-stall-cpus %s: this machine has CPUs 0 to %d", stallCPUs, runtime.NumCPU()-1)
 		}
 	}
 	var err error
@@ -605,7 +637,7 @@ func (c *config) point(ctx context.Context, arm, label string, srv *server, pool
 	}
 	for i := range repeats {
 		rc.Seed = 1 + uint64(i)
-		rec, err := measure(ctx, pool, w, rc, srv.pid, c.clientCPUCount())
+		rec, err := measure(ctx, pool, w, rc, srv.pid, c.clientCPUCount(), c.stallCPUs)
 		if err != nil {
 			return nil, fmt.Errorf("%s %s B_req %d: %w", arm, label, w.BatchSize, err)
 		}
@@ -622,8 +654,12 @@ func (c *config) point(ctx context.Context, arm, label string, srv *server, pool
 	if s.ClientSaturated {
 		sat = " (client saturated: not a headline point)"
 	}
-	fmt.Fprintf(c.out, "benchrun:   %s B_req=%d %s: %.0f examples/s, p50 %.2f p99 %.2f ms, %d errors, server %.2f cores %.3f CPU-s/1k, PSS %.0f MiB, client %.2f cores%s\n",
-		arm, p.BatchSize, load, s.ExamplesPerS, s.P50Ms, s.P99Ms, s.Errors, s.ServerCPUCores, s.ServerCPUSPer1kExamples, float64(s.ServerPeakPSSBytes)/(1<<20), s.ClientCPUCores, sat)
+	var stalls []*stall.Report
+	for _, r := range p.Runs {
+		stalls = append(stalls, r.Stalls...)
+	}
+	fmt.Fprintf(c.out, "benchrun:   %s B_req=%d %s: %.0f examples/s, p50 %.2f p99 %.2f ms, %d errors, server %.2f cores %.3f CPU-s/1k, PSS %.0f MiB, client %.2f cores%s%s\n",
+		arm, p.BatchSize, load, s.ExamplesPerS, s.P50Ms, s.P99Ms, s.Errors, s.ServerCPUCores, s.ServerCPUSPer1kExamples, float64(s.ServerPeakPSSBytes)/(1<<20), s.ClientCPUCores, stall.Summary(stalls), sat)
 	return p, nil
 }
 
@@ -650,16 +686,24 @@ func selfCPU() float64 {
 
 // measure runs one repeat with the monitor over exactly its window, and
 // the load generator's own CPU use over the same window.
-func measure(ctx context.Context, pool *oip.Pool, w *loadgen.Workload, rc loadgen.Config, pid, clientCPUs int) (loadgen.RunRecord, error) {
+func measure(ctx context.Context, pool *oip.Pool, w *loadgen.Workload, rc loadgen.Config, pid, clientCPUs int, stallCPUs []int) (loadgen.RunRecord, error) {
 	var (
 		mon          *monitor.Monitor
 		rep          *monitor.Report
 		monErr       error
 		cpu0, cpu1   float64
 		wall0, wall1 time.Time
+		probes       *stall.Probes
+		stalls       []*stall.Report
+		stallErr     error
 	)
+	// A cancelled run never reaches WindowEnd; the probes end anyway.
+	defer func() { _, _ = probes.Stop() }()
 	hooks := loadgen.Hooks{
 		WindowStart: func() {
+			// The probes start first, so that their start-up is not in
+			// the load generator's CPU time.
+			probes, stallErr = stall.StartProbes(stallCPUs)
 			wall0, cpu0 = time.Now(), selfCPU()
 			mon, monErr = monitor.Start(monitor.Options{PIDs: []int{pid}, Descendants: true})
 		},
@@ -667,6 +711,9 @@ func measure(ctx context.Context, pool *oip.Pool, w *loadgen.Workload, rc loadge
 			wall1, cpu1 = time.Now(), selfCPU()
 			if mon != nil {
 				rep, monErr = mon.Stop()
+			}
+			if stallErr == nil {
+				stalls, stallErr = probes.Stop()
 			}
 		},
 	}
@@ -677,10 +724,13 @@ func measure(ctx context.Context, pool *oip.Pool, w *loadgen.Workload, rc loadge
 	if monErr != nil {
 		return loadgen.RunRecord{}, fmt.Errorf("monitor: %w", monErr)
 	}
+	if stallErr != nil {
+		return loadgen.RunRecord{}, fmt.Errorf("stall probe: %w", stallErr)
+	}
 	if rep != nil {
 		rep.SetExamples(res.CompletedInWindow * int64(w.BatchSize))
 	}
-	rec := loadgen.RunRecord{Result: res, Monitor: rep}
+	rec := loadgen.RunRecord{Result: res, Monitor: rep, Stalls: stalls}
 	if !wall0.IsZero() && wall1.After(wall0) {
 		rec.Client = loadgen.NewClientUsage(cpu1-cpu0, wall1.Sub(wall0).Seconds(), clientCPUs)
 	}

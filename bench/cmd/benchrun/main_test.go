@@ -2,14 +2,85 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/recmesh/recmesh/bench/cpuset"
+	"github.com/recmesh/recmesh/bench/internal/oiptest"
 	"github.com/recmesh/recmesh/bench/loadgen"
 	"github.com/recmesh/recmesh/bench/report"
+	"github.com/recmesh/recmesh/bench/stall"
+	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/oip"
 )
+
+// TestMain lets the test binary stand in for benchrun where benchrun runs
+// itself: measure starts `<its executable> stall-probe` per watched CPU.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == stall.ProbeCommand {
+		if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "benchrun:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func TestDefaultStallCPUs(t *testing.T) {
+	for _, c := range []struct{ server, client, want string }{
+		{"0", "1", "0,1"},
+		{"0-17", "18-23", "0,18"},
+		{"", "", ""},
+		{"2-3", "", "2"},
+	} {
+		if got := defaultStallCPUs(c.server, c.client); got != c.want {
+			t.Errorf("defaultStallCPUs(%q, %q) = %q, want %q", c.server, c.client, got, c.want)
+		}
+	}
+}
+
+// TestMeasureWatchesStalls: with stall CPUs, every measured window has a
+// probe's report per CPU beside it, and the point's line names the worst.
+func TestMeasureWatchesStalls(t *testing.T) {
+	cfg := model.DLRMv2(model.DevVocabCap)
+	srv := oiptest.Start(t, cfg, oiptest.Options{})
+	ctx := context.Background()
+	pool, err := oip.Dial(ctx, srv.Addr, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	w, err := loadgen.NewWorkload(cfg, loadgen.WorkloadOptions{BatchSize: 1, Seed: 1, PoolRequests: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed, err := cpuset.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu := cpuset.CPUs(allowed)[0]
+	var out strings.Builder
+	c := &config{out: &out, stallCPUs: []int{cpu}}
+	rc := loadgen.Config{Mode: loadgen.Closed, Concurrency: 2, Warmup: 50 * time.Millisecond, Duration: 300 * time.Millisecond, Timeout: 5 * time.Second}
+	p, err := c.point(ctx, "test-arm", report.LabelClosed, &server{addr: srv.Addr, pid: os.Getpid()}, pool, w, rc, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range p.Runs {
+		if len(r.Stalls) != 1 || r.Stalls[0] == nil || r.Stalls[0].CPU != cpu || r.Stalls[0].Wakeups < 20 {
+			t.Fatalf("run %d: stall reports %+v, want one of CPU %d with its wake-ups", r.Repeat, r.Stalls, cpu)
+		}
+	}
+	if !strings.Contains(out.String(), "host stall max ") || !strings.Contains(out.String(), fmt.Sprintf("(CPU %d)", cpu)) {
+		t.Errorf("point line %q does not report the probe", out.String())
+	}
+}
 
 func TestDefaultCPUs(t *testing.T) {
 	for n, want := range map[int][2]string{1: {"", ""}, 2: {"0", "1"}, 4: {"0-2", "3-3"}, 24: {"0-17", "18-23"}} {
@@ -77,6 +148,8 @@ func TestFlagErrors(t *testing.T) {
 		{"-batches", "x", "-client-cpus", "", "-server-cpus", ""},
 		{"-memory-arms", "py", "-client-cpus", "", "-server-cpus", ""},
 		{"-repeats", "0", "-client-cpus", "", "-server-cpus", ""},
+		{"-stall-cpus", "zero", "-client-cpus", "", "-server-cpus", ""},
+		{"-stall-cpus", "4096", "-client-cpus", "", "-server-cpus", ""},
 	} {
 		err := run(context.Background(), args, io.Discard, io.Discard)
 		if err == nil || strings.Contains(err.Error(), "model config") {

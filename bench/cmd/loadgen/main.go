@@ -22,7 +22,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,7 +29,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -72,8 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runLoad(ctx, args, stdout, stderr)
 	case "parity":
 		return runParity(ctx, args, stdout, stderr)
-	case "stall-probe":
-		return runStallProbe(args, os.Stdin, stdout, stderr)
+	case stall.ProbeCommand:
+		return stall.Command("loadgen", args, os.Stdin, stdout, stderr)
 	default:
 		return fmt.Errorf("unknown command %q (want run, parity or stall-probe)", cmd)
 	}
@@ -304,44 +302,28 @@ func measure(ctx context.Context, conns *oip.Pool, w *loadgen.Workload, rc loadg
 		mon      *monitor.Monitor
 		rep      *monitor.Report
 		monErr   error
-		probes   []*stallProbe
+		probes   *stall.Probes
 		stalls   []*stall.Report
 		stallErr error
-		ended    bool
 	)
-	stopProbes := func() {
-		for _, p := range probes {
-			r, err := p.stop()
-			stalls = append(stalls, r)
-			stallErr = cmp.Or(stallErr, err)
-		}
-		probes = nil
-	}
+	// A cancelled run never reaches WindowEnd; the probes end anyway.
+	defer func() { _, _ = probes.Stop() }()
 	var hooks loadgen.Hooks
 	hooks.WindowStart = func() {
-		for _, cpu := range stallCPUs {
-			p, err := startStallProbe(cpu)
-			if err != nil {
-				stallErr = err
-				break
-			}
-			probes = append(probes, p)
-		}
+		probes, stallErr = stall.StartProbes(stallCPUs)
 		if len(pids) > 0 {
 			mon, monErr = monitor.Start(monitor.Options{PIDs: pids, Descendants: descendants, Interval: interval})
 		}
 	}
 	hooks.WindowEnd = func() {
-		ended = true
 		if mon != nil {
 			rep, monErr = mon.Stop()
 		}
-		stopProbes()
+		if stallErr == nil {
+			stalls, stallErr = probes.Stop()
+		}
 	}
 	res, err := loadgen.Run(ctx, conns, w, rc, hooks)
-	if !ended {
-		stopProbes() // the window never ended (a cancelled run)
-	}
 	if err != nil {
 		return loadgen.RunRecord{}, err
 	}
@@ -373,82 +355,6 @@ func parseStallCPUs(list string) ([]int, error) {
 		return nil, fmt.Errorf("-stall-cpus %s: this machine has CPUs 0 to %d", list, runtime.NumCPU()-1)
 	}
 	return cpus, nil
-}
-
-// stallProbe is a running `loadgen stall-probe`: a process of its own, so
-// its real-time thread and the raw sleeps it needs (package stall) share
-// no Go scheduler with the load generator's goroutines.
-type stallProbe struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   strings.Builder
-}
-
-func startStallProbe(cpu int) (*stallProbe, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	p := &stallProbe{cmd: exec.Command(exe, "stall-probe", "-cpu", strconv.Itoa(cpu))}
-	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	p.cmd.Stdout = &p.out
-	p.cmd.Stderr = os.Stderr
-	// If the load generator dies, the probe's stdin closes and it ends.
-	if err := p.cmd.Start(); err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
-// stop ends the probe (by closing its stdin) and returns its report.
-func (p *stallProbe) stop() (*stall.Report, error) {
-	p.stdin.Close()
-	if err := p.cmd.Wait(); err != nil {
-		return nil, fmt.Errorf("stall-probe %v: %w", p.cmd.Args[2:], err)
-	}
-	var r stall.Report
-	if err := json.Unmarshal([]byte(p.out.String()), &r); err != nil {
-		return nil, fmt.Errorf("read its report %q: %w", p.out.String(), err)
-	}
-	return &r, nil
-}
-
-// runStallProbe is `loadgen stall-probe`: probe until stdin closes, then
-// print the report as JSON.
-func runStallProbe(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	var (
-		cpu    int
-		period time.Duration
-	)
-	fs := flag.NewFlagSet("loadgen stall-probe", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	usage(fs, "usage: loadgen stall-probe -cpu N: watch CPU N for stalls until stdin closes, then print the report as JSON")
-	fs.IntVar(&cpu, "cpu", -1, "the `CPU` to watch")
-	fs.DurationVar(&period, "period", stall.DefaultPeriod, "sleep between the probe's wake-ups")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	// No check against runtime.NumCPU: it counts the CPUs this process
-	// may use, and the probe starts with the load generator's (another);
-	// a CPU the machine does not have fails the probe's pinning.
-	if cpu < 0 {
-		return fmt.Errorf("-cpu %d: want the CPU to watch", cpu)
-	}
-	// The probe's thread holds a P through its raw sleeps: give the
-	// goroutine that watches stdin another.
-	runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 2))
-	stop := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(io.Discard, stdin)
-		close(stop)
-	}()
-	r, err := stall.Run(stall.Options{CPU: cpu, Period: period}, stop)
-	if err != nil {
-		return err
-	}
-	return json.NewEncoder(stdout).Encode(r)
 }
 
 func describe(p *loadgen.Point, r loadgen.RunRecord) string {

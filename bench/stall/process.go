@@ -1,0 +1,169 @@
+package stall
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ProbeCommand is the subcommand every benchmark binary that starts probes
+// serves (with Serve): `<binary> stall-probe -cpu N`.
+const ProbeCommand = "stall-probe"
+
+// Process is a probe running in a process of its own: its real-time thread
+// and the raw sleeps it needs share no Go scheduler with the load
+// generator's goroutines, and an exit of the parent ends it (its stdin
+// closes).
+type Process struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   strings.Builder
+}
+
+// StartProcess starts `<this executable> stall-probe -cpu cpu`; the
+// executable must dispatch ProbeCommand to Serve.
+func StartProcess(cpu int) (*Process, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("stall: find this executable: %w", err)
+	}
+	p := &Process{cmd: exec.Command(exe, ProbeCommand, "-cpu", strconv.Itoa(cpu))}
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		return nil, fmt.Errorf("stall: %w", err)
+	}
+	p.cmd.Stdout = &p.out
+	p.cmd.Stderr = os.Stderr
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("stall: start the probe of CPU %d: %w", cpu, err)
+	}
+	return p, nil
+}
+
+// Stop ends the probe (by closing its stdin) and returns its report.
+func (p *Process) Stop() (*Report, error) {
+	p.stdin.Close()
+	if err := p.cmd.Wait(); err != nil {
+		return nil, fmt.Errorf("stall: probe %v: %w", p.cmd.Args[1:], err)
+	}
+	var r Report
+	if err := json.Unmarshal([]byte(p.out.String()), &r); err != nil {
+		return nil, fmt.Errorf("stall: probe %v: read its report %q: %w", p.cmd.Args[1:], p.out.String(), err)
+	}
+	return &r, nil
+}
+
+// Command is the probe process's side, ProbeCommand with its arguments
+// (-cpu N, -period D); prog names the binary in the usage text.
+func Command(prog string, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(prog+" "+ProbeCommand, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: %s %s -cpu N: watch CPU N for stalls until stdin closes, then print the report as JSON\n", prog, ProbeCommand)
+		fs.PrintDefaults()
+	}
+	cpu := fs.Int("cpu", -1, "the `CPU` to watch")
+	period := fs.Duration("period", DefaultPeriod, "sleep between the probe's wake-ups")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected arguments %q", ProbeCommand, fs.Args())
+	}
+	return Serve(*cpu, *period, stdin, stdout)
+}
+
+// Serve is the probe process's side: it watches cpu until in closes, then
+// writes the report to out as JSON.
+func Serve(cpu int, period time.Duration, in io.Reader, out io.Writer) error {
+	// No check against runtime.NumCPU: it counts the CPUs this process may
+	// use, and the probe starts with its parent's (perhaps others); a CPU
+	// the machine does not have fails the probe's pinning.
+	if cpu < 0 {
+		return fmt.Errorf("stall: CPU %d: want the CPU to watch", cpu)
+	}
+	// The probe's thread holds a P through its raw sleeps: give the
+	// goroutine that watches in another.
+	runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 2))
+	stop := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, in)
+		close(stop)
+	}()
+	r, err := Run(Options{CPU: cpu, Period: period}, stop)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(out).Encode(r)
+}
+
+// Summary is the worst of reports in one line, for a benchmark's
+// per-point output: ", stalls <ms> ms on CPU <n>, steal <pct> %"; empty
+// for none.
+func Summary(reports []*Report) string {
+	var worst *Report
+	steal := 0.0
+	for _, r := range reports {
+		if r == nil {
+			continue
+		}
+		if worst == nil || r.MaxDelayMs > worst.MaxDelayMs {
+			worst = r
+		}
+		steal = max(steal, r.StealPct)
+	}
+	if worst == nil {
+		return ""
+	}
+	return fmt.Sprintf(", host stall max %.1f ms (CPU %d), steal max %.1f %%", worst.MaxDelayMs, worst.CPU, steal)
+}
+
+// Probes is a probe process per CPU of a set, started and stopped
+// together over a benchmark's measured window.
+type Probes struct {
+	procs []*Process
+}
+
+// StartProbes starts a probe process on each of cpus; on an error the ones
+// already started are stopped. No cpus, no probes (and nothing to stop).
+func StartProbes(cpus []int) (*Probes, error) {
+	ps := &Probes{}
+	for _, cpu := range cpus {
+		p, err := StartProcess(cpu)
+		if err != nil {
+			_, _ = ps.Stop()
+			return nil, err
+		}
+		ps.procs = append(ps.procs, p)
+	}
+	return ps, nil
+}
+
+// Stop ends every probe and returns their reports in the order of the
+// CPUs, with the first error. It may be called more than once (and on
+// nil): after the first call it returns nothing, so a deferred Stop
+// cleans up after a run that never reached its own.
+func (ps *Probes) Stop() ([]*Report, error) {
+	if ps == nil {
+		return nil, nil
+	}
+	var (
+		reports []*Report
+		first   error
+	)
+	for _, p := range ps.procs {
+		r, err := p.Stop()
+		reports = append(reports, r)
+		if first == nil {
+			first = err
+		}
+	}
+	ps.procs = nil
+	return reports, first
+}

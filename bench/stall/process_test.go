@@ -1,0 +1,94 @@
+package stall
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestProcessReports: a probe in a process of its own watches its CPU
+// until stopped and hands back its report.
+func TestProcessReports(t *testing.T) {
+	cpu := allowedCPUs(t)[0]
+	p, err := StartProcess(cpu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	r, err := p.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s", r)
+	// The process's own start-up is in the sleep, so the window is
+	// shorter than it; 1 ms wake-ups give dozens at least.
+	if r.CPU != cpu || r.WallS <= 0 || r.WallS > 5 || r.Wakeups < 20 || r.PeriodMs != 1 {
+		t.Fatalf("report %+v, want CPU %d, about 0.3 s of 1 ms wake-ups", r, cpu)
+	}
+}
+
+// TestProcessFailure: a probe that cannot pin itself fails, and Stop says
+// which probe.
+func TestProcessFailure(t *testing.T) {
+	p, err := StartProcess(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Stop(); err == nil || !strings.Contains(err.Error(), "-cpu 1048576") {
+		t.Fatalf("Stop = %v, want an error naming the probe", err)
+	}
+}
+
+func TestCommandFlags(t *testing.T) {
+	for _, args := range [][]string{{}, {"-cpu", "x"}, {"-cpu", "0", "extra"}} {
+		var out bytes.Buffer
+		if err := Command("prog", args, strings.NewReader(""), &out, io.Discard); err == nil {
+			t.Errorf("Command(%q) = nil, want an error", args)
+		}
+		if out.Len() != 0 {
+			t.Errorf("Command(%q) wrote a report: %q", args, out.String())
+		}
+	}
+}
+
+func TestSummary(t *testing.T) {
+	if got := Summary(nil); got != "" {
+		t.Errorf("Summary(nil) = %q, want empty", got)
+	}
+	got := Summary([]*Report{
+		{CPU: 0, MaxDelayMs: 3.25, StealPct: 4.5},
+		nil,
+		{CPU: 1, MaxDelayMs: 12.5, StealPct: 0.5},
+	})
+	if want := ", host stall max 12.5 ms (CPU 1), steal max 4.5 %"; got != want {
+		t.Errorf("Summary = %q, want %q", got, want)
+	}
+}
+
+// TestProbesStopOnce: a set of probes reports once per CPU, in order, and
+// a second Stop (a deferred clean-up) finds nothing left.
+func TestProbesStopOnce(t *testing.T) {
+	cpus := allowedCPUs(t)
+	want := []int{cpus[0], cpus[len(cpus)-1]}
+	ps, err := StartProbes(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	rs, err := ps.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 2 || rs[0].CPU != want[0] || rs[1].CPU != want[1] {
+		t.Fatalf("reports %+v, want one for each of CPUs %v in order", rs, want)
+	}
+	if rs, err := ps.Stop(); rs != nil || err != nil {
+		t.Fatalf("second Stop = %v, %v, want nothing", rs, err)
+	}
+	var none *Probes
+	if rs, err := none.Stop(); rs != nil || err != nil {
+		t.Fatalf("Stop on nil = %v, %v, want nothing", rs, err)
+	}
+}
