@@ -10,8 +10,10 @@
 #   make fuzz-accelerator the accelerator's serving of batches whose entries
 #                        an embedder chose, under the fuzzer
 #                        (FuzzBatchEntries)
-#   make fuzz            fuzz-shm, fuzz-frontend, fuzz-embedder and
-#                        fuzz-accelerator
+#   make fuzz-h2unary    the lean transport's connection reader on arbitrary
+#                        client bytes (FuzzConn)
+#   make fuzz            fuzz-shm, fuzz-frontend, fuzz-h2unary,
+#                        fuzz-embedder and fuzz-accelerator
 #   make soak            SOAK_MINUTES (30) of open-loop load at 80 % of the
 #                        peak on the 3.2 GB tables (bench/soak/run.sh)
 #   make chaos           honest clients against a mesh with a hostile
@@ -32,11 +34,12 @@ FUZZTIME             ?=
 FUZZTIME_FRONTEND    ?= 10000x
 FUZZTIME_EMBEDDER    ?= 50000x
 FUZZTIME_ACCELERATOR ?= 20000x
+FUZZTIME_H2UNARY     ?= 20000x
 RACE_PKGS := ./shm/... ./frontend/... ./embedder/... ./accelerator/server/... ./proto/control/...
 
 CHAOS_SECONDS ?= 30
 
-.PHONY: test-race fuzz fuzz-frontend fuzz-embedder fuzz-accelerator chaos
+.PHONY: test-race fuzz fuzz-frontend fuzz-h2unary fuzz-embedder fuzz-accelerator chaos
 
 test-race: $(DEPS)/go.stamp
 	$(GO) test -race -count=1 $(RACE_PKGS)
@@ -44,13 +47,18 @@ test-race: $(DEPS)/go.stamp
 fuzz-frontend: $(DEPS)/go.stamp
 	$(GO) test -run=NONE -fuzz='^FuzzModelInferRequest$$' -fuzztime=$(or $(FUZZTIME),$(FUZZTIME_FRONTEND)) -fuzzminimizetime=2s ./frontend/
 
+# The lean transport's connection reader, on whatever bytes follow the
+# client preface.
+fuzz-h2unary: $(DEPS)/go.stamp
+	$(GO) test -run=NONE -fuzz='^FuzzConn$$' -fuzztime=$(or $(FUZZTIME),$(FUZZTIME_H2UNARY)) -fuzzminimizetime=2s ./frontend/h2unary/
+
 fuzz-embedder: $(DEPS)/go.stamp
 	$(GO) test -run=NONE -fuzz='^FuzzRequestPayload$$' -fuzztime=$(or $(FUZZTIME),$(FUZZTIME_EMBEDDER)) -fuzzminimizetime=2s ./embedder/
 
 fuzz-accelerator: $(DEPS)/go.stamp
 	$(GO) test -run=NONE -fuzz='^FuzzBatchEntries$$' -fuzztime=$(or $(FUZZTIME),$(FUZZTIME_ACCELERATOR)) -fuzzminimizetime=2s ./accelerator/server/
 
-fuzz: fuzz-shm fuzz-frontend fuzz-embedder fuzz-accelerator
+fuzz: fuzz-shm fuzz-frontend fuzz-h2unary fuzz-embedder fuzz-accelerator
 
 chaos: deps
 	RECMESH_E2E_CHAOS=1 RECMESH_CHAOS_SECONDS=$(CHAOS_SECONDS) $(GO) test -count=1 -timeout 20m -run 'TestE2EChaos$$' -v ./cli/e2e/ > $(DEPS)/chaos.log 2>&1 || { tail -n 60 $(DEPS)/chaos.log; echo "chaos: failed (whole log in .deps/chaos.log)"; exit 1; }
