@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,12 +38,15 @@ type Server struct {
 	opts Options
 	log  *slog.Logger
 	svc  *service
-	// grpc is made by Run from grpcOpts.
-	grpc     *grpc.Server
+	// rpc is made by Run: grpc-go from grpcOpts, or h2unary (Options.
+	// Transport).
+	rpc      rpcServer
 	grpcOpts []grpc.ServerOption
-	health   *health.Server
-	metrics  *metrics
-	http     *http.Server
+	// tls is the port's TLS configuration; nil for plaintext.
+	tls     *tls.Config
+	health  *health.Server
+	metrics *metrics
+	http    *http.Server
 
 	// draining turns readiness off for good once shutdown begins.
 	draining atomic.Bool
@@ -108,7 +112,8 @@ func New(opts Options) (*Server, error) {
 		if err != nil {
 			return nil, &OptionError{Option: "TLSCert", Err: err}
 		}
-		sopts = append(sopts, grpc.Creds(credentials.NewTLS(files.config())))
+		s.tls = files.config()
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(s.tls)))
 	}
 	if opts.TracerProvider != nil {
 		sopts = append(sopts, grpc.StatsHandler(otelgrpc.NewServerHandler(
@@ -276,11 +281,16 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	}
 	// The gRPC server is made here, not in New: its stream workers run
 	// from NewServer until Stop, which only Run's drain calls.
-	s.grpc = grpc.NewServer(s.grpcOpts...)
-	inference.RegisterGRPCInferenceServiceServer(s.grpc, s.svc)
-	healthpb.RegisterHealthServer(s.grpc, s.health)
-	reflection.Register(s.grpc)
-	attrs := []any{"addr", s.Addr().String(), "model", s.opts.ModelName, "version", s.opts.ModelVersion, "max_batch", s.opts.MaxBatch}
+	if s.opts.Transport == TransportLean {
+		s.rpc = s.newLean()
+	} else {
+		g := grpc.NewServer(s.grpcOpts...)
+		inference.RegisterGRPCInferenceServiceServer(g, s.svc)
+		healthpb.RegisterHealthServer(g, s.health)
+		reflection.Register(g)
+		s.rpc = g
+	}
+	attrs := []any{"addr", s.Addr().String(), "model", s.opts.ModelName, "version", s.opts.ModelVersion, "max_batch", s.opts.MaxBatch, "transport", s.opts.Transport}
 	if s.mlis != nil {
 		attrs = append(attrs, "metrics_addr", s.mlis.Addr().String())
 	}
@@ -308,7 +318,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		if lis == nil {
 			return // stopped before the backend was ever ready
 		}
-		if err := s.grpc.Serve(lis); err != nil {
+		if err := s.rpc.Serve(lis); err != nil {
 			failed <- fmt.Errorf("frontend: serve gRPC: %w", err)
 		}
 	})
@@ -379,7 +389,7 @@ func (s *Server) drain() {
 
 	stopped := make(chan struct{})
 	go func() {
-		s.grpc.GracefulStop()
+		s.rpc.GracefulStop()
 		close(stopped)
 	}()
 	s.endStreams()
@@ -390,7 +400,7 @@ func (s *Server) drain() {
 		s.log.Info("frontend drained")
 	case <-timer.C:
 		s.log.Warn("frontend drain timed out; cancelling the calls still in flight", "drain_timeout", s.opts.DrainTimeout)
-		s.grpc.Stop()
+		s.rpc.Stop()
 		<-stopped
 	}
 

@@ -36,9 +36,22 @@ type testServer struct {
 	done chan error // Run's result
 }
 
+// forEachTransport runs test once per transport of the gRPC port.
+func forEachTransport(t *testing.T, test func(t *testing.T, transport string)) {
+	for _, tr := range []string{TransportGRPC, TransportLean} {
+		t.Run(tr, func(t *testing.T) { test(t, tr) })
+	}
+}
+
 func startServer(t *testing.T, f *fakeBackend, edit func(*Options)) *testServer {
 	t.Helper()
+	return startServerOn(t, TransportGRPC, f, edit)
+}
+
+func startServerOn(t *testing.T, transport string, f *fakeBackend, edit func(*Options)) *testServer {
+	t.Helper()
 	opts := Options{
+		Transport:         transport,
 		Listen:            "127.0.0.1:0",
 		MetricsAddr:       "127.0.0.1:0",
 		Model:             testConfig(),
@@ -118,9 +131,11 @@ func httpGet(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-func TestServerProbesAndMetadata(t *testing.T) {
+func TestServerProbesAndMetadata(t *testing.T) { forEachTransport(t, testServerProbesAndMetadata) }
+
+func testServerProbesAndMetadata(t *testing.T, tr string) {
 	f := newFakeBackend()
-	ts := startServer(t, f, nil)
+	ts := startServerOn(t, tr, f, nil)
 	ctx := context.Background()
 	metricsURL := "http://" + ts.srv.MetricsAddr().String()
 
@@ -244,13 +259,40 @@ func TestServerReflection(t *testing.T) {
 	stream.CloseSend()
 }
 
+// TestLeanTransportLimits: what the lean transport does not serve is
+// refused at once with UNIMPLEMENTED, and the connection serves on.
+func TestLeanTransportLimits(t *testing.T) {
+	ts := startServerOn(t, TransportLean, newFakeBackend(), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := reflectionpb.NewServerReflectionClient(ts.conn).ServerReflectionInfo(ctx)
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("reflection over the lean transport: %v, want UNIMPLEMENTED", err)
+	}
+	w, err := healthpb.NewHealthClient(ts.conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if st := status.Convert(err); st.Code() != codes.Unimplemented || !strings.Contains(st.Message(), "grpc.health.v1.Health/Watch") {
+		t.Errorf("health Watch over the lean transport: %v, want UNIMPLEMENTED naming it", err)
+	}
+	if r, err := ts.api.ServerLive(ctx, &inference.ServerLiveRequest{}); err != nil || !r.Live {
+		t.Errorf("ServerLive after the refusals = %v, %v", r, err)
+	}
+}
+
 // TestServerLargestRequest sends MaxBatch examples with INT64 ids raw, a
 // 7 MB message, past grpc-go's default 4 MB receive limit.
-func TestServerLargestRequest(t *testing.T) {
+func TestServerLargestRequest(t *testing.T) { forEachTransport(t, testServerLargestRequest) }
+
+func testServerLargestRequest(t *testing.T, tr string) {
 	f := newFakeBackend()
 	f.capacity = DefaultMaxBatch
 	f.record = false
-	ts := startServer(t, f, nil)
+	ts := startServerOn(t, tr, f, nil)
 	dense, sparse := inputs(DefaultMaxBatch)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -270,11 +312,13 @@ func TestServerLargestRequest(t *testing.T) {
 // TestDrain: readiness turns false first while calls are still served,
 // then new connections are refused while the call in flight completes, then
 // the backend is closed and Run returns nil.
-func TestDrain(t *testing.T) {
+func TestDrain(t *testing.T) { forEachTransport(t, testDrain) }
+
+func testDrain(t *testing.T, tr string) {
 	f := newFakeBackend()
 	f.block = make(chan struct{})
 	f.entered = make(chan struct{}, 4)
-	ts := startServer(t, f, func(o *Options) { o.DrainDelay = 300 * time.Millisecond })
+	ts := startServerOn(t, tr, f, func(o *Options) { o.DrainDelay = 300 * time.Millisecond })
 	addr := ts.srv.Addr().String()
 	waitFor(t, 10*time.Second, "health SERVING", func() bool {
 		return healthStatus(ts.conn, "") == healthpb.HealthCheckResponse_SERVING
@@ -326,11 +370,13 @@ func TestDrain(t *testing.T) {
 }
 
 // TestDrainTimeout: calls still running after DrainTimeout are cancelled.
-func TestDrainTimeout(t *testing.T) {
+func TestDrainTimeout(t *testing.T) { forEachTransport(t, testDrainTimeout) }
+
+func testDrainTimeout(t *testing.T, tr string) {
 	f := newFakeBackend()
 	f.block = make(chan struct{}) // never closed
 	f.entered = make(chan struct{}, 1)
-	ts := startServer(t, f, func(o *Options) { o.DrainTimeout = 100 * time.Millisecond })
+	ts := startServerOn(t, tr, f, func(o *Options) { o.DrainTimeout = 100 * time.Millisecond })
 	dense, sparse := inputs(1)
 	inflight := make(chan error, 1)
 	go func() {
@@ -381,12 +427,14 @@ func TestDrainEndsStreams(t *testing.T) {
 // TestTracing: with a TracerProvider, the server span continues the
 // caller's W3C trace and its context reaches Slot.Submit; health checks are
 // not traced.
-func TestTracing(t *testing.T) {
+func TestTracing(t *testing.T) { forEachTransport(t, testTracing) }
+
+func testTracing(t *testing.T, tr string) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer tp.Shutdown(context.Background())
 	f := newFakeBackend()
-	ts := startServer(t, f, func(o *Options) { o.TracerProvider = tp })
+	ts := startServerOn(t, tr, f, func(o *Options) { o.TracerProvider = tp })
 
 	traceID, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
 	parent, _ := trace.SpanIDFromHex("b7ad6b7169203331")
@@ -434,7 +482,7 @@ func TestTracing(t *testing.T) {
 
 	// Untraced servers hand the backend a zero TraceContext.
 	f2 := newFakeBackend()
-	ts2 := startServer(t, f2, nil)
+	ts2 := startServerOn(t, tr, f2, nil)
 	if _, err := ts2.api.ModelInfer(ctx, rawRequest(dense, sparse, 1, false)); err != nil {
 		t.Fatal(err)
 	}
@@ -466,6 +514,7 @@ func TestOptionErrors(t *testing.T) {
 		{"drain delay negative", func(o *Options) { o.DrainDelay = -time.Second }, "DrainDelay", false},
 		{"stream workers negative", func(o *Options) { o.StreamWorkers = -1 }, "StreamWorkers", false},
 		{"stream workers too many", func(o *Options) { o.StreamWorkers = maxStreamWorkers + 1 }, "StreamWorkers", false},
+		{"unknown transport", func(o *Options) { o.Transport = "http1" }, "Transport", false},
 		{"listen busy", func(o *Options) { o.Listen = busy.Addr().String() }, "Listen", true},
 		{"listen malformed", func(o *Options) { o.Listen = "127.0.0.1:notaport" }, "Listen", true},
 		{"metrics busy", func(o *Options) { o.MetricsAddr = busy.Addr().String() }, "MetricsAddr", true},
@@ -530,11 +579,13 @@ func TestRunTwice(t *testing.T) {
 // TestServerBounds: a call without a client deadline still ends at
 // MaxRequestTime when the backend hangs, and calls beyond MaxInflight are
 // refused with RESOURCE_EXHAUSTED while the others keep waiting.
-func TestServerBounds(t *testing.T) {
+func TestServerBounds(t *testing.T) { forEachTransport(t, testServerBounds) }
+
+func testServerBounds(t *testing.T, tr string) {
 	f := newFakeBackend()
 	f.block = make(chan struct{})
 	f.entered = make(chan struct{}, 4)
-	ts := startServer(t, f, func(o *Options) { o.MaxRequestTime = 300 * time.Millisecond; o.MaxInflight = 2 })
+	ts := startServerOn(t, tr, f, func(o *Options) { o.MaxRequestTime = 300 * time.Millisecond; o.MaxInflight = 2 })
 	waitFor(t, 10*time.Second, "health SERVING", func() bool {
 		return healthStatus(ts.conn, "") == healthpb.HealthCheckResponse_SERVING
 	})
@@ -548,7 +599,7 @@ func TestServerBounds(t *testing.T) {
 	}
 	<-f.entered
 
-	ts2 := startServer(t, f, func(o *Options) { o.MaxRequestTime = time.Minute; o.MaxInflight = 2 })
+	ts2 := startServerOn(t, tr, f, func(o *Options) { o.MaxRequestTime = time.Minute; o.MaxInflight = 2 })
 	waitFor(t, 10*time.Second, "health SERVING", func() bool {
 		return healthStatus(ts2.conn, "") == healthpb.HealthCheckResponse_SERVING
 	})
@@ -579,12 +630,14 @@ func TestServerBounds(t *testing.T) {
 // TestCallsBeyondStreamWorkers: the stream workers bound idle goroutines,
 // not concurrency: with 2 workers, 8 calls are all inside the backend at
 // once, and all succeed when it lets them go.
-func TestCallsBeyondStreamWorkers(t *testing.T) {
+func TestCallsBeyondStreamWorkers(t *testing.T) { forEachTransport(t, testCallsBeyondStreamWorkers) }
+
+func testCallsBeyondStreamWorkers(t *testing.T, tr string) {
 	const calls = 8
 	f := newFakeBackend()
 	f.block = make(chan struct{})
 	f.entered = make(chan struct{}, calls)
-	ts := startServer(t, f, func(o *Options) { o.StreamWorkers = 2 })
+	ts := startServerOn(t, tr, f, func(o *Options) { o.StreamWorkers = 2 })
 	dense, sparse := inputs(1)
 	errs := make(chan error, calls)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

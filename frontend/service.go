@@ -281,8 +281,13 @@ func errOverloaded(inflight int64) error {
 // admit is the gRPC tap in front of every call: beyond the in-flight cap a
 // ModelInfer is refused before its request is read and decoded.
 func (s *service) admit(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if s.maxCalls > 0 && info.FullMethodName == inference.GRPCInferenceService_ModelInfer_FullMethodName && s.calls.Load() >= s.maxCalls {
-		return ctx, errOverloaded(s.calls.Load())
+	return ctx, s.admitMethod(info.FullMethodName)
+}
+
+// admitMethod is admit for a transport that names only the method.
+func (s *service) admitMethod(fullMethod string) error {
+	if s.maxCalls > 0 && fullMethod == inference.GRPCInferenceService_ModelInfer_FullMethodName && s.calls.Load() >= s.maxCalls {
+		return errOverloaded(s.calls.Load())
 	}
-	return ctx, nil
+	return nil
 }
