@@ -111,7 +111,7 @@ $(HOSTBOUND_SMALL)/model.safetensors: | $(DEPS)/go.stamp
 	$(GO) run ./cli/cmd/recmesh export --preset hostbound --max-vocab 1000 --seed 1 --out $(HOSTBOUND_SMALL)
 
 BENCH_WORKLOADS        ?= mlperf=$(BENCH_BUNDLE),hostbound=$(HOSTBOUND_BUNDLE)
-BENCH_ARMS             ?= recmesh-slo,recmesh-full,recmesh-model,recmesh-none,py,py-mp,py-mp-local,py-batch,py-mp-batch
+BENCH_ARMS             ?= recmesh-slo,recmesh-full,recmesh-model,recmesh-none,recmesh-slo-lean,recmesh-full-lean,py,py-mp,py-mp-local,py-batch,py-mp-batch
 BENCH_BATCHES          ?= 1,16,128
 BENCH_CLIENTS          ?= 1,4,16,64
 BENCH_OPEN             ?= 0.8

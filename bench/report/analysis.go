@@ -96,8 +96,8 @@ func Find(points []*loadgen.Point, arm string, b int, label string, c int) *load
 	return nil
 }
 
-// armOrder sorts recmesh arms first (slo, full, model, none), then the
-// Python designs from the study's strongest down, then anything else by
+// armOrder sorts recmesh arms first (slo, full, model, none, then the
+// same on the lean transport), then the Python designs from the study's strongest down, then anything else by
 // name.
 func armOrder(a string) int {
 	if i := slices.Index([]string{"recmesh-slo", "recmesh-full", "recmesh-model", "recmesh-none"}, a); i >= 0 {
@@ -106,8 +106,11 @@ func armOrder(a string) int {
 	if i := slices.Index([]string{"py-mp-batch", "py-batch", "py-mp", "py-mp-local", "py"}, a); i >= 0 {
 		return 10 + i
 	}
+	if i := slices.Index([]string{"recmesh-slo-lean", "recmesh-full-lean", "recmesh-model-lean", "recmesh-none-lean"}, a); i >= 0 {
+		return 4 + i
+	}
 	if KindOf(a) == KindRecmesh {
-		return 5
+		return 8
 	}
 	return 20
 }

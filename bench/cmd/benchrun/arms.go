@@ -31,9 +31,11 @@ type server struct {
 // armSpec is an arm name taken apart.
 type armSpec struct {
 	name string
-	// mesh is true for recmesh-<mode>; mode is its --batch-mode.
-	mesh bool
-	mode string
+	// mesh is true for recmesh-<mode>[-lean]; mode is its --batch-mode,
+	// transport its frontends' --transport.
+	mesh      bool
+	mode      string
+	transport string
 	// py is the Python arm's server.py --mode (pyarm.Modes).
 	py string
 }
@@ -41,18 +43,31 @@ type armSpec struct {
 // meshModes are the embedder's batching modes, each a recmesh-<mode> arm.
 var meshModes = []string{"slo", "full", "model", "none"}
 
+// leanSuffix marks a mesh arm whose frontends serve with the lean
+// transport (frontend --transport lean) instead of grpc-go.
+const leanSuffix = "-lean"
+
 // armNames lists every arm benchrun knows, in report order.
 func armNames() []string {
 	var names []string
 	for _, m := range meshModes {
 		names = append(names, "recmesh-"+m)
 	}
+	for _, m := range meshModes {
+		names = append(names, "recmesh-"+m+leanSuffix)
+	}
 	return append(names, pyarm.Modes...)
 }
 
 func parseArm(name string) (armSpec, error) {
-	if mode, ok := strings.CutPrefix(name, "recmesh-"); ok && slices.Contains(meshModes, mode) {
-		return armSpec{name: name, mesh: true, mode: mode}, nil
+	if mode, ok := strings.CutPrefix(name, "recmesh-"); ok {
+		transport := "grpc"
+		if m, lean := strings.CutSuffix(mode, leanSuffix); lean {
+			mode, transport = m, "lean"
+		}
+		if slices.Contains(meshModes, mode) {
+			return armSpec{name: name, mesh: true, mode: mode, transport: transport}, nil
+		}
 	}
 	if slices.Contains(pyarm.Modes, name) {
 		return armSpec{name: name, py: name}, nil
@@ -181,13 +196,13 @@ func (c *config) startMesh(ctx context.Context, spec armSpec, n int, prefix []st
 		"--frontends", strconv.Itoa(n), "--port", strconv.Itoa(port), "--batch-mode", spec.mode,
 		// A segment of its own, so a mesh the user runs beside the
 		// benchmark (default segment "recmesh") is left alone.
-		"--segment", fmt.Sprintf("bench-%s-%d", spec.mode, os.Getpid())}
+		"--segment", fmt.Sprintf("bench-%s-%s-%d", spec.mode, spec.transport, os.Getpid())}
 	args = append(prefix, args...)
 	cmd := exec.Command(args[0], args[1:]...)
 	// Every child of `recmesh run` gets this environment: port 0 gives each
 	// its own free metrics port, so nothing clashes with the fixed
 	// defaults (127.0.0.1:9102, :9103, :9110-9125) of a mesh already running.
-	cmd.Env = append(os.Environ(), "RECMESH_METRICS_ADDR=127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "RECMESH_METRICS_ADDR=127.0.0.1:0", "RECMESH_TRANSPORT="+spec.transport)
 	// Its own process group, so a stop that has to kill reaches the whole
 	// mesh; and SIGTERM if the runner dies first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}

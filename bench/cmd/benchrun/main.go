@@ -492,7 +492,7 @@ func (c *config) detail(spec armSpec, n int) string {
 		if n == 0 {
 			n = c.frontends
 		}
-		return fmt.Sprintf("recmesh run --batch-mode %s, %d frontends", spec.mode, n)
+		return fmt.Sprintf("recmesh run --batch-mode %s, %d frontends (--transport %s)", spec.mode, n, spec.transport)
 	}
 	threads := strconv.Itoa(c.pyWorkers)
 	if spec.batching() {

@@ -122,8 +122,14 @@ func TestWarmMax(t *testing.T) {
 
 func TestParseArm(t *testing.T) {
 	s, err := parseArm("recmesh-model")
-	if err != nil || !s.mesh || s.mode != "model" {
+	if err != nil || !s.mesh || s.mode != "model" || s.transport != "grpc" {
 		t.Errorf("parseArm(recmesh-model) = %+v, %v", s, err)
+	}
+	if s, err := parseArm("recmesh-slo-lean"); err != nil || !s.mesh || s.mode != "slo" || s.transport != "lean" {
+		t.Errorf("parseArm(recmesh-slo-lean) = %+v, %v", s, err)
+	}
+	if _, err := parseArm("recmesh-bogus-lean"); err == nil {
+		t.Error("parseArm accepted recmesh-bogus-lean")
 	}
 	if s, err := parseArm("py-mp"); err != nil || s.py != "py-mp" || !s.multi() {
 		t.Errorf("parseArm(py-mp) = %+v, %v", s, err)
