@@ -13,7 +13,7 @@
 //
 // The port is served by grpc-go, or with Options.Transport "lean" by
 // package h2unary: recmesh's own HTTP/2 transport for unary calls, which
-// spends about a third less CPU on a small call and serves the same
+// spends about a quarter less CPU on a small call and serves the same
 // services, limits, admission, TLS, tracing and drain, but no streaming
 // method (server reflection, health Watch).
 //
