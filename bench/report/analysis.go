@@ -97,8 +97,8 @@ func Find(points []*loadgen.Point, arm string, b int, label string, c int) *load
 }
 
 // armOrder sorts recmesh arms first (slo, full, model, none, then the
-// same on the lean transport), then the Python designs from the study's strongest down, then anything else by
-// name.
+// same on the lean transport), then the Python designs from the study's
+// strongest down, then anything else by name.
 func armOrder(a string) int {
 	if i := slices.Index([]string{"recmesh-slo", "recmesh-full", "recmesh-model", "recmesh-none"}, a); i >= 0 {
 		return i

@@ -11,10 +11,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/recmesh/recmesh/bench/cpuset"
 )
 
 // ProbeCommand is the subcommand every benchmark binary that starts probes
-// serves (with Serve): `<binary> stall-probe -cpu N`.
+// serves (with Command): `<binary> stall-probe -cpu N`.
 const ProbeCommand = "stall-probe"
 
 // Process is a probe running in a process of its own: its real-time thread
@@ -28,7 +30,7 @@ type Process struct {
 }
 
 // StartProcess starts `<this executable> stall-probe -cpu cpu`; the
-// executable must dispatch ProbeCommand to Serve.
+// executable must dispatch ProbeCommand to Command.
 func StartProcess(cpu int) (*Process, error) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -76,12 +78,12 @@ func Command(prog string, args []string, stdin io.Reader, stdout, stderr io.Writ
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%s: unexpected arguments %q", ProbeCommand, fs.Args())
 	}
-	return Serve(*cpu, *period, stdin, stdout)
+	return serve(*cpu, *period, stdin, stdout)
 }
 
-// Serve is the probe process's side: it watches cpu until in closes, then
-// writes the report to out as JSON.
-func Serve(cpu int, period time.Duration, in io.Reader, out io.Writer) error {
+// serve watches cpu until in closes, then writes the report to out as
+// JSON.
+func serve(cpu int, period time.Duration, in io.Reader, out io.Writer) error {
 	// No check against runtime.NumCPU: it counts the CPUs this process may
 	// use, and the probe starts with its parent's (perhaps others); a CPU
 	// the machine does not have fails the probe's pinning.
@@ -104,8 +106,8 @@ func Serve(cpu int, period time.Duration, in io.Reader, out io.Writer) error {
 }
 
 // Summary is the worst of reports in one line, for a benchmark's
-// per-point output: ", stalls <ms> ms on CPU <n>, steal <pct> %"; empty
-// for none.
+// per-point output: ", host stall max <ms> ms (CPU <n>), steal max <pct> %";
+// empty for none.
 func Summary(reports []*Report) string {
 	var worst *Report
 	steal := 0.0
@@ -122,6 +124,26 @@ func Summary(reports []*Report) string {
 		return ""
 	}
 	return fmt.Sprintf(", host stall max %.1f ms (CPU %d), steal max %.1f %%", worst.MaxDelayMs, worst.CPU, steal)
+}
+
+// ParseCPUs reads a -stall-cpus list: CPUs this machine has (counted by
+// runtime.NumCPU, at the process's start); empty, none.
+func ParseCPUs(list string) ([]int, error) {
+	if list == "" {
+		return nil, nil
+	}
+	set, err := cpuset.Parse(list)
+	if err != nil {
+		return nil, fmt.Errorf("-stall-cpus: %w", err)
+	}
+	cpus := cpuset.CPUs(set)
+	if len(cpus) == 0 {
+		return nil, nil
+	}
+	if last := cpus[len(cpus)-1]; last >= runtime.NumCPU() {
+		return nil, fmt.Errorf("-stall-cpus %s: this machine has CPUs 0 to %d", list, runtime.NumCPU()-1)
+	}
+	return cpus, nil
 }
 
 // Probes is a probe process per CPU of a set, started and stopped

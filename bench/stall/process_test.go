@@ -92,3 +92,17 @@ func TestProbesStopOnce(t *testing.T) {
 		t.Fatalf("Stop on nil = %v, %v, want nothing", rs, err)
 	}
 }
+
+func TestParseCPUs(t *testing.T) {
+	if cpus, err := ParseCPUs(""); cpus != nil || err != nil {
+		t.Errorf("ParseCPUs(\"\") = %v, %v, want none", cpus, err)
+	}
+	if cpus, err := ParseCPUs("0"); err != nil || len(cpus) != 1 || cpus[0] != 0 {
+		t.Errorf("ParseCPUs(\"0\") = %v, %v", cpus, err)
+	}
+	for _, bad := range []string{"zero", "4096"} {
+		if _, err := ParseCPUs(bad); err == nil || !strings.Contains(err.Error(), "-stall-cpus") {
+			t.Errorf("ParseCPUs(%q) = %v, want an error naming -stall-cpus", bad, err)
+		}
+	}
+}

@@ -57,7 +57,6 @@ type conn struct {
 
 	waiters atomic.Int32 // goroutines waiting for wmu: the last one out flushes
 	wmu     sync.Mutex
-	nc      net.Conn // the connection after the TLS handshake
 	bw      *bufio.Writer
 	henc    *hpack.Encoder
 	hbuf    bytes.Buffer
@@ -71,7 +70,6 @@ type conn struct {
 	// pending are answers held back by flow control, in order.
 	pending   []*stream
 	goingAway bool
-	goAwayID  uint32
 	closed    bool
 }
 
@@ -92,14 +90,12 @@ type stream struct {
 	reset       bool // the client reset it, or it was refused
 	sendWindow  int64
 	out         []byte // response data not yet sent
-	code        codes.Code
-	msg         string
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
 	ctx, end := context.WithCancel(context.Background())
 	return &conn{
-		s: s, raw: nc, nc: nc, ctx: ctx, end: end,
+		s: s, raw: nc, ctx: ctx, end: end,
 		streams:    map[uint32]*stream{},
 		sendConn:   initialWindow,
 		peerWindow: initialWindow,
@@ -158,7 +154,7 @@ func (c *conn) goAwayLocked(code http2.ErrCode, debug string) {
 		return
 	}
 	if !c.goingAway {
-		c.goingAway, c.goAwayID = true, c.lastID
+		c.goingAway = true
 		_ = c.fr.WriteGoAway(c.lastID, code, []byte(debug))
 	}
 	if len(c.streams) == 0 || code != http2.ErrCodeNo {
@@ -196,7 +192,6 @@ func (c *conn) serve() {
 		c.wmu.Unlock()
 		return
 	}
-	c.nc = nc
 	c.bw = bufio.NewWriterSize(nc, 32<<10)
 	c.fr = http2.NewFramer(c.bw, c.br)
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
@@ -672,14 +667,15 @@ func (c *conn) call(s *stream) {
 	c.writeField("content-type", "application/grpc")
 	_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: c.hbuf.Bytes(), EndHeaders: true})
 	c.answered.Store(true)
-	s.out, s.code = out, codes.OK
+	s.out = out
 	if !c.sendLocked(s) {
 		c.pending = append(c.pending, s)
 	}
 }
 
 // sendLocked writes as much of s's response as the windows allow, then
-// its trailers; true when it is all written.
+// its trailers (status OK: errors are answered trailers-only); true when
+// it is all written.
 func (c *conn) sendLocked(s *stream) bool {
 	for len(s.out) > 0 {
 		n := min(int64(len(s.out)), c.sendConn, s.sendWindow, int64(c.peerFrame))
@@ -693,10 +689,7 @@ func (c *conn) sendLocked(s *stream) bool {
 		s.sendWindow -= n
 	}
 	c.hbuf.Reset()
-	c.writeField("grpc-status", strconv.Itoa(int(s.code)))
-	if s.msg != "" {
-		c.writeField("grpc-message", encodeGrpcMessage(s.msg))
-	}
+	c.writeField("grpc-status", "0")
 	_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: c.hbuf.Bytes(), EndHeaders: true, EndStream: true})
 	c.removeLocked(s)
 	return true

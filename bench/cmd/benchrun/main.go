@@ -205,17 +205,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("-server-cpus: %w", err)
 		}
 	}
-	if stallCPUs != "" {
-		set, err := cpuset.Parse(stallCPUs)
-		if err != nil {
-			return fmt.Errorf("-stall-cpus: %w", err)
-		}
-		c.stallCPUs = cpuset.CPUs(set)
-		if last := c.stallCPUs[len(c.stallCPUs)-1]; last >= runtime.NumCPU() {
-			return fmt.Errorf("-stall-cpus %s: this machine has CPUs 0 to %d", stallCPUs, runtime.NumCPU()-1)
-		}
-	}
 	var err error
+	if c.stallCPUs, err = stall.ParseCPUs(stallCPUs); err != nil {
+		return err
+	}
 	if c.arms, err = splitList(arms); err != nil {
 		return err
 	}

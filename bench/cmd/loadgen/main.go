@@ -209,7 +209,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	stallCPUs, err := parseStallCPUs(stallCPUList)
+	stallCPUs, err := stall.ParseCPUs(stallCPUList)
 	if err != nil {
 		return err
 	}
@@ -337,24 +337,6 @@ func measure(ctx context.Context, conns *oip.Pool, w *loadgen.Workload, rc loadg
 		rep.SetExamples(res.CompletedInWindow * int64(w.BatchSize))
 	}
 	return loadgen.RunRecord{Result: res, Monitor: rep, Stalls: stalls}, nil
-}
-
-// parseStallCPUs is -stall-cpus: a CPU list, each CPU on this machine
-// (runtime.NumCPU counts them here: the load generator has not pinned
-// itself yet).
-func parseStallCPUs(list string) ([]int, error) {
-	if list == "" {
-		return nil, nil
-	}
-	set, err := cpuset.Parse(list)
-	if err != nil {
-		return nil, fmt.Errorf("-stall-cpus: %w", err)
-	}
-	cpus := cpuset.CPUs(set)
-	if last := cpus[len(cpus)-1]; last >= runtime.NumCPU() {
-		return nil, fmt.Errorf("-stall-cpus %s: this machine has CPUs 0 to %d", list, runtime.NumCPU()-1)
-	}
-	return cpus, nil
 }
 
 func describe(p *loadgen.Point, r loadgen.RunRecord) string {
