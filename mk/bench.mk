@@ -119,6 +119,8 @@ BENCH_WARMUP           ?= 500ms
 BENCH_DURATION         ?= 1s
 BENCH_REPEATS          ?= 1
 BENCH_CONNECTIONS      ?= 64
+# The load generator's gRPC client: lean (bench/h2client) or grpc (grpc-go).
+BENCH_CLIENT           ?= lean
 BENCH_FRONTENDS        ?= 2
 BENCH_PY_PROCESSES     ?= 2
 BENCH_PY_WORKERS       ?= 8
@@ -162,7 +164,7 @@ bench-lookupbench: $(DEPS)/go.stamp
 bench: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors $(HOSTBOUND_BUNDLE)/model.safetensors
 	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads '$(BENCH_WORKLOADS)' -results $(BENCH_RESULTS) \
 		-arms $(BENCH_ARMS) -batches $(BENCH_BATCHES) -clients $(BENCH_CLIENTS) -open '$(BENCH_OPEN)' \
-		-warmup $(BENCH_WARMUP) -duration $(BENCH_DURATION) -repeats $(BENCH_REPEATS) -connections $(BENCH_CONNECTIONS) \
+		-warmup $(BENCH_WARMUP) -duration $(BENCH_DURATION) -repeats $(BENCH_REPEATS) -connections $(BENCH_CONNECTIONS) -client $(BENCH_CLIENT) \
 		-frontends $(BENCH_FRONTENDS) -py-processes $(BENCH_PY_PROCESSES) -py-workers $(BENCH_PY_WORKERS) \
 		-memory-arms '$(BENCH_MEMORY_ARMS)' -memory-instances $(BENCH_MEMORY_INSTANCES) -memory-duration $(BENCH_MEMORY_DURATION) \
 		$(BENCH_PIN) $(BENCH_ARGS)
@@ -170,7 +172,7 @@ bench: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors $(HOSTBOUND_BUNDLE)/mo
 bench-full: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors $(HOSTBOUND_BUNDLE)/model.safetensors
 	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads '$(BENCH_FULL_WORKLOADS)' -results $(BENCH_FULL_RESULTS) \
 		-arms $(BENCH_FULL_ARMS) -batches $(BENCH_FULL_BATCHES) -clients $(BENCH_FULL_CLIENTS) -open '$(BENCH_FULL_OPEN)' \
-		-warmup $(BENCH_FULL_WARMUP) -duration $(BENCH_FULL_DURATION) -repeats $(BENCH_FULL_REPEATS) -connections $(BENCH_FULL_CONNECTIONS) \
+		-warmup $(BENCH_FULL_WARMUP) -duration $(BENCH_FULL_DURATION) -repeats $(BENCH_FULL_REPEATS) -connections $(BENCH_FULL_CONNECTIONS) -client $(BENCH_CLIENT) \
 		-frontends $(BENCH_FULL_FRONTENDS) -py-processes $(BENCH_FULL_PY_PROCESSES) -py-workers $(BENCH_FULL_PY_WORKERS) \
 		-memory-arms '$(BENCH_FULL_MEMORY_ARMS)' -memory-instances $(BENCH_FULL_MEMORY_INSTANCES) -memory-duration $(BENCH_FULL_MEMORY_DURATION) \
 		$(BENCH_PIN) $(BENCH_ARGS)
@@ -183,6 +185,6 @@ bench-full: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors $(HOSTBOUND_BUNDL
 bench-smoke: $(BENCH_PREREQS) $(DEV_BUNDLE)/model.safetensors $(HOSTBOUND_SMALL)/model.safetensors
 	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads 'mlperf=$(DEV_BUNDLE),hostbound=$(HOSTBOUND_SMALL)' -results $(BENCH_SMOKE_RESULTS) \
 		-arms $(BENCH_SMOKE_ARMS) -batches 1,16 -clients 1,4 -open 0.8 \
-		-warmup 300ms -duration 1s -repeats 1 -connections 4 \
+		-warmup 300ms -duration 1s -repeats 1 -connections 4 -client $(BENCH_CLIENT) \
 		-memory-arms 'recmesh-slo,py-mp-batch' -memory-instances 1,2 -memory-duration 500ms -strict \
 		$(BENCH_PIN) $(BENCH_ARGS)

@@ -47,7 +47,9 @@ type Point struct {
 	// "max-vocab=N").
 	Bundle string `json:"bundle"`
 
-	// The client: its CPU pinning ("" when not pinned) and GOMAXPROCS.
+	// The client: which gRPC client sent the calls (ClientLean,
+	// ClientGRPC), its CPU pinning ("" when not pinned) and GOMAXPROCS.
+	Client     string    `json:"client,omitempty"`
 	ClientCPUs string    `json:"client_cpus,omitempty"`
 	GOMAXPROCS int       `json:"gomaxprocs"`
 	GoVersion  string    `json:"go_version"`

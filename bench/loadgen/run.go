@@ -30,7 +30,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -192,14 +191,22 @@ type window struct{ start, end time.Time }
 
 func (w window) contains(t time.Time) bool { return !t.Before(w.start) && t.Before(w.end) }
 
-// call sends one request and records it if measured (it started, or was
-// scheduled, inside the window); origin is where its latency counts from.
-func (t *tally) call(ctx context.Context, cc *grpc.ClientConn, req *oip.PreEncoded, resp *pb.ModelInferResponse,
-	timeout time.Duration, w window, origin time.Time, measured bool) {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	err := cc.Invoke(cctx, oip.InferMethod, req, resp, oip.Codec())
-	cancel()
-	done := time.Now()
+// call sends req on connection i and records it when answered if
+// measured (it started, or was scheduled, inside the window); origin is
+// where its latency counts from. after, if not nil, runs once it is
+// recorded.
+func (t *tally) call(c Client, i int, req *oip.PreEncoded, resp *pb.ModelInferResponse,
+	timeout time.Duration, w window, origin time.Time, measured bool, after func()) {
+	c.Infer(i, req, resp, timeout, func(err error) {
+		t.record(err, req, resp, time.Now(), w, origin, measured)
+		if after != nil {
+			after()
+		}
+	})
+}
+
+// record counts one answered call, done at done.
+func (t *tally) record(err error, req *oip.PreEncoded, resp *pb.ModelInferResponse, done time.Time, w window, origin time.Time, measured bool) {
 	if err == nil {
 		if cerr := oip.CheckScores(resp, req.Examples); cerr != nil {
 			err = cerr
@@ -230,14 +237,14 @@ func (t *tally) call(ctx context.Context, cc *grpc.ClientConn, req *oip.PreEncod
 	t.firstErr.CompareAndSwap(nil, &msg)
 }
 
-// Run drives pool with w's requests under cfg and returns what the measured
+// Run drives client with w's requests under cfg and returns what the measured
 // window saw. It returns an error only for a bad configuration or a
 // cancelled ctx; failed requests are results.
-func Run(ctx context.Context, pool *oip.Pool, w *Workload, cfg Config, hooks Hooks) (*Result, error) {
+func Run(ctx context.Context, client Client, w *Workload, cfg Config, hooks Hooks) (*Result, error) {
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("loadgen: run: %w", err)
 	}
-	if pool.Len() == 0 || len(w.Requests) == 0 {
+	if client.Len() == 0 || len(w.Requests) == 0 {
 		return nil, errors.New("loadgen: run: no connections or no requests")
 	}
 	t := &tally{hist: NewHistogram()}
@@ -266,9 +273,9 @@ func Run(ctx context.Context, pool *oip.Pool, w *Workload, cfg Config, hooks Hoo
 
 	switch cfg.Mode {
 	case Closed:
-		runClosed(ctx, pool, w, cfg, t, win)
+		runClosed(ctx, client, w, cfg, t, win)
 	case Open:
-		runOpen(ctx, pool, w, cfg, t, win)
+		runOpen(ctx, client, w, cfg, t, win)
 	}
 	<-hooksDone
 	if err := ctx.Err(); err != nil {
@@ -277,27 +284,29 @@ func Run(ctx context.Context, pool *oip.Pool, w *Workload, cfg Config, hooks Hoo
 	return t.result(started, cfg, w, win), nil
 }
 
-func runClosed(ctx context.Context, pool *oip.Pool, w *Workload, cfg Config, t *tally, win window) {
+func runClosed(ctx context.Context, client Client, w *Workload, cfg Config, t *tally, win window) {
 	var next atomic.Uint64
 	var wg sync.WaitGroup
 	for i := range cfg.Concurrency {
-		cc := pool.Conn(i)
 		wg.Go(func() {
 			resp := new(pb.ModelInferResponse)
+			answered := make(chan struct{}, 1)
+			after := func() { answered <- struct{}{} }
 			for ctx.Err() == nil {
 				start := time.Now()
 				if !start.Before(win.end) {
 					return
 				}
 				req := w.Requests[(next.Add(1)-1)%uint64(len(w.Requests))]
-				t.call(ctx, cc, req, resp, cfg.Timeout, win, start, !start.Before(win.start))
+				t.call(client, i, req, resp, cfg.Timeout, win, start, !start.Before(win.start), after)
+				<-answered
 			}
 		})
 	}
 	wg.Wait()
 }
 
-func runOpen(ctx context.Context, pool *oip.Pool, w *Workload, cfg Config, t *tally, win window) {
+func runOpen(ctx context.Context, client Client, w *Workload, cfg Config, t *tally, win window) {
 	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x6f70656e6c6f6f70)) // "openloop"
 	slots := make(chan struct{}, cfg.MaxOutstanding)
 	var wg sync.WaitGroup
@@ -343,12 +352,11 @@ func runOpen(ctx context.Context, pool *oip.Pool, w *Workload, cfg Config, t *ta
 			}
 			continue
 		}
-		cc := pool.Conn(k)
-		req := w.Requests[k%len(w.Requests)]
-		wg.Go(func() {
-			defer func() { <-slots }()
-			t.call(ctx, cc, req, new(pb.ModelInferResponse), cfg.Timeout, win, scheduled, measured)
-		})
+		// The call is sent from here: an arrival costs no goroutine,
+		// and Infer returns once the request is written.
+		wg.Add(1)
+		t.call(client, k, w.Requests[k%len(w.Requests)], new(pb.ModelInferResponse), cfg.Timeout, win, scheduled, measured,
+			func() { <-slots; wg.Done() })
 	}
 }
 

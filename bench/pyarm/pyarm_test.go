@@ -94,6 +94,20 @@ func dial(t *testing.T, addr string, n int) *oip.Pool {
 	return pool
 }
 
+// dialLoad opens the load generator's own client (the lean one, which
+// these Python servers must serve as they serve grpc-go's).
+func dialLoad(t *testing.T, addr string, n int) loadgen.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := loadgen.Dial(ctx, loadgen.ClientLean, addr, oip.DefaultModelName, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // TestPy starts the single-process arm on the small bundle, checks parity
 // through the Go client, drives it with the load generator, and checks
 // that bad requests get the protocol's error codes.
@@ -125,7 +139,7 @@ func TestPy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := loadgen.Run(ctx, pool, w, loadgen.Config{Mode: loadgen.Closed, Concurrency: 2, Warmup: 300 * time.Millisecond, Duration: 1500 * time.Millisecond}, loadgen.Hooks{})
+	res, err := loadgen.Run(ctx, dialLoad(t, s.Addr, 2), w, loadgen.Config{Mode: loadgen.Closed, Concurrency: 2, Warmup: 300 * time.Millisecond, Duration: 1500 * time.Millisecond}, loadgen.Hooks{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +422,7 @@ func spread(t *testing.T, s *Server, pool *oip.Pool, cfg model.Config, children 
 			}
 		},
 	}
-	res, err := loadgen.Run(context.Background(), pool, w, loadgen.Config{Mode: loadgen.Closed, Concurrency: 16, Warmup: 300 * time.Millisecond, Duration: 1500 * time.Millisecond}, hooks)
+	res, err := loadgen.Run(context.Background(), dialLoad(t, s.Addr, pool.Len()), w, loadgen.Config{Mode: loadgen.Closed, Concurrency: 16, Warmup: 300 * time.Millisecond, Duration: 1500 * time.Millisecond}, hooks)
 	if err != nil {
 		t.Fatal(err)
 	}

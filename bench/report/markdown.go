@@ -69,8 +69,8 @@ func writeWorkload(b *strings.Builder, h string, r *Run, charts []string) {
 		orDash(r.Workload), r.StartedAt.Format("2006-01-02 15:04:05Z07:00"), r.FinishedAt.Format("15:04:05Z07:00"), r.Env.Host, filepath.Base(r.Env.Bundle))
 	fmt.Fprintf(b, "Throughput is examples/s (requests/s × B_req), medians of %d repeat(s) of a %gs window after %gs of discarded warm-up; "+
 		"latency is client-observed p50/p99 in ms. A point counts under a budget only when every repeat had zero errors. "+
-		"Closed loop over a fixed pool of %d persistent gRPC connections per arm; open loop is Poisson arrivals at %s of each arm's own closed-loop peak.\n\n",
-		r.Sweep.Repeats, r.Sweep.DurationS, r.Sweep.WarmupS, r.Sweep.Connections, fracList(r.Sweep.OpenFractions))
+		"Closed loop over a fixed pool of %d persistent gRPC connections per arm%s; open loop is Poisson arrivals at %s of each arm's own closed-loop peak.\n\n",
+		r.Sweep.Repeats, r.Sweep.DurationS, r.Sweep.WarmupS, r.Sweep.Connections, clientNote(r.Sweep.Client), fracList(r.Sweep.OpenFractions))
 	if r.DenseCost != nil {
 		writeDenseCost(b, r.DenseCost)
 	}
@@ -480,4 +480,17 @@ func oneLine(s string) string {
 		s = s[:300] + "…"
 	}
 	return s
+}
+
+// clientNote names the load generator's gRPC client, if the run says.
+func clientNote(kind string) string {
+	switch kind {
+	case "":
+		return ""
+	case "lean":
+		return " (client: `bench/h2client`, which sends each call from the caller and finishes it on the connection's reader, so little of the client's own time is in the latencies)"
+	case "grpc":
+		return " (client: grpc-go)"
+	}
+	return " (client: " + kind + ")"
 }

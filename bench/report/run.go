@@ -96,9 +96,12 @@ type Sweep struct {
 	DurationS     float64   `json:"duration_s"`
 	Repeats       int       `json:"repeats"`
 	Connections   int       `json:"connections"`
-	Frontends     int       `json:"frontends"`
-	PyProcesses   int       `json:"py_processes"`
-	PyWorkers     int       `json:"py_workers"`
+	// Client is the load generator's gRPC client (loadgen.ClientLean,
+	// loadgen.ClientGRPC); empty in runs from before it was recorded.
+	Client      string `json:"client,omitempty"`
+	Frontends   int    `json:"frontends"`
+	PyProcesses int    `json:"py_processes"`
+	PyWorkers   int    `json:"py_workers"`
 }
 
 // Arm kinds.

@@ -83,6 +83,7 @@ type config struct {
 	warmup, duration       time.Duration
 	repeats                int
 	connections            int
+	client                 string
 	frontends              int
 	pyProcesses, pyWorkers int
 	serverCPUs, clientCPUs string
@@ -158,6 +159,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&c.duration, "duration", 30*time.Second, "measured window")
 	fs.IntVar(&c.repeats, "repeats", 3, "measured repeats per point (medians are reported)")
 	fs.IntVar(&c.connections, "connections", 64, "persistent gRPC connections per arm, shared by every point")
+	fs.StringVar(&c.client, "client", loadgen.ClientLean, "the load generator's gRPC client: lean (bench/h2client: little client time in the latencies) or grpc (grpc-go's)")
 	fs.IntVar(&c.frontends, "frontends", 2, "frontend processes of the recmesh arms")
 	fs.IntVar(&c.pyProcesses, "py-processes", 2, "frontend processes of the multi-process Python arms")
 	fs.IntVar(&c.pyWorkers, "py-workers", 8, "gRPC worker threads per Python process")
@@ -406,7 +408,7 @@ func sweep(ctx context.Context, c *config, name string) (*report.Run, error) {
 		Sweep: report.Sweep{
 			Batches: c.batches, Clients: c.clients, OpenFractions: c.openFractions,
 			WarmupS: c.warmup.Seconds(), DurationS: c.duration.Seconds(), Repeats: c.repeats,
-			Connections: c.connections, Frontends: c.frontends, PyProcesses: c.pyProcesses, PyWorkers: c.pyWorkers,
+			Connections: c.connections, Client: c.client, Frontends: c.frontends, PyProcesses: c.pyProcesses, PyWorkers: c.pyWorkers,
 		},
 	}
 	// Results of an earlier run of the same arms would mix into the
@@ -521,7 +523,7 @@ func (c *config) runArm(ctx context.Context, spec armSpec, cfg model.Config, wor
 	if err != nil {
 		return nil, par, err
 	}
-	pool, err := dial(ctx, srv.addr, c.connections, c.readyTimeout)
+	pool, err := c.dialLoad(ctx, srv.addr, c.connections)
 	if err != nil {
 		return nil, par, fmt.Errorf("arm %s: %w", spec.name, err)
 	}
@@ -609,9 +611,17 @@ func dial(ctx context.Context, addr string, n int, timeout time.Duration) (*oip.
 	return pool, nil
 }
 
+// dialLoad opens n connections of the configured client to addr, once
+// the server and the model are ready.
+func (c *config) dialLoad(ctx context.Context, addr string, n int) (loadgen.Client, error) {
+	rctx, cancel := context.WithTimeout(ctx, c.readyTimeout)
+	defer cancel()
+	return loadgen.Dial(rctx, c.client, addr, oip.DefaultModelName, n)
+}
+
 // point measures one configuration: repeats of warm-up plus window, the
 // monitor on the arm's process tree over each window.
-func (c *config) point(ctx context.Context, arm, label string, srv *server, pool *oip.Pool, w *loadgen.Workload,
+func (c *config) point(ctx context.Context, arm, label string, srv *server, pool loadgen.Client, w *loadgen.Workload,
 	rc loadgen.Config, repeats int) (*loadgen.Point, error) {
 	host, _ := os.Hostname()
 	p := &loadgen.Point{
@@ -619,7 +629,7 @@ func (c *config) point(ctx context.Context, arm, label string, srv *server, pool
 		Target: srv.addr, Model: oip.DefaultModelName, Mode: rc.Mode, BatchSize: w.BatchSize,
 		Connections: pool.Len(), WarmupS: rc.Warmup.Seconds(), DurationS: rc.Duration.Seconds(), TimeoutS: rc.Timeout.Seconds(),
 		Repeats: repeats, PoolRequests: len(w.Requests), RequestBytes: w.RequestBytes, SparseType: w.SparseType, Seed: 1,
-		Bundle: c.bundle, ClientCPUs: c.clientCPUs, GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
+		Bundle: c.bundle, Client: pool.Kind(), ClientCPUs: c.clientCPUs, GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
 		Host: host, StartedAt: time.Now().UTC(), MonitorPIDs: []int{srv.pid},
 	}
 	if rc.Mode == loadgen.Closed {
@@ -679,7 +689,7 @@ func selfCPU() float64 {
 
 // measure runs one repeat with the monitor over exactly its window, and
 // the load generator's own CPU use over the same window.
-func measure(ctx context.Context, pool *oip.Pool, w *loadgen.Workload, rc loadgen.Config, pid, clientCPUs int, stallCPUs []int) (loadgen.RunRecord, error) {
+func measure(ctx context.Context, pool loadgen.Client, w *loadgen.Workload, rc loadgen.Config, pid, clientCPUs int, stallCPUs []int) (loadgen.RunRecord, error) {
 	var (
 		mon          *monitor.Monitor
 		rep          *monitor.Report
@@ -770,7 +780,7 @@ func (c *config) memoryPoint(ctx context.Context, spec armSpec, n int, w *loadge
 	if err != nil {
 		return nil, par, err
 	}
-	pool, err := dial(ctx, srv.addr, min(c.memClients, c.connections), c.readyTimeout)
+	pool, err := c.dialLoad(ctx, srv.addr, min(c.memClients, c.connections))
 	if err != nil {
 		return nil, par, err
 	}

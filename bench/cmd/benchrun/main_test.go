@@ -51,7 +51,7 @@ func TestMeasureWatchesStalls(t *testing.T) {
 	cfg := model.DLRMv2(model.DevVocabCap)
 	srv := oiptest.Start(t, cfg, oiptest.Options{})
 	ctx := context.Background()
-	pool, err := oip.Dial(ctx, srv.Addr, 2)
+	pool, err := loadgen.Dial(ctx, loadgen.ClientLean, srv.Addr, oip.DefaultModelName, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

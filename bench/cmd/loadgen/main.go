@@ -177,6 +177,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		monDescendants bool
 		monInterval    time.Duration
 		stallCPUList   string
+		clientKind     string
 	)
 	fs := flag.NewFlagSet("loadgen run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -189,6 +190,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&rate, "rate", 0, "open loop: mean arrival rate in requests/s")
 	fs.IntVar(&maxOutstanding, "max-outstanding", loadgen.DefaultMaxOutstanding, "open loop: most requests in flight; arrivals beyond it are dropped and counted")
 	fs.IntVar(&connections, "connections", 0, "persistent gRPC connections (default min(C, 64) closed, 64 open)")
+	fs.StringVar(&clientKind, "client", loadgen.ClientLean, "gRPC client: lean (bench/h2client: little client time in the latencies) or grpc (grpc-go's)")
 	fs.DurationVar(&warmup, "warmup", 5*time.Second, "discarded warm-up before each measured window")
 	fs.DurationVar(&duration, "duration", 30*time.Second, "measured window")
 	fs.DurationVar(&timeout, "timeout", loadgen.DefaultTimeout, "per-request deadline")
@@ -248,7 +250,9 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	conns, err := dial(ctx, &c, connections)
+	rctx, cancel := context.WithTimeout(ctx, c.readyTimeout)
+	conns, err := loadgen.Dial(rctx, clientKind, c.target, c.modelName, connections)
+	cancel()
 	if err != nil {
 		return err
 	}
@@ -260,7 +264,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Target: c.target, Model: c.modelName, Mode: m, BatchSize: batch,
 		Connections: connections, WarmupS: warmup.Seconds(), DurationS: duration.Seconds(), TimeoutS: timeout.Seconds(), Repeats: repeats,
 		PoolRequests: len(w.Requests), RequestBytes: w.RequestBytes, SparseType: w.SparseType, Seed: seed, Bundle: source,
-		ClientCPUs: pinned, GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), Host: host, StartedAt: time.Now().UTC(),
+		Client: conns.Kind(), ClientCPUs: pinned, GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), Host: host, StartedAt: time.Now().UTC(),
 		MonitorPIDs: pids,
 	}
 	if m == loadgen.Closed {
@@ -296,7 +300,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 // measure runs one repeat, with the monitor (when there are pids) and a
 // stall probe per CPU of stallCPUs over the measured window.
-func measure(ctx context.Context, conns *oip.Pool, w *loadgen.Workload, rc loadgen.Config,
+func measure(ctx context.Context, conns loadgen.Client, w *loadgen.Workload, rc loadgen.Config,
 	pids []int, descendants bool, interval time.Duration, stallCPUs []int) (loadgen.RunRecord, error) {
 	var (
 		mon      *monitor.Monitor
