@@ -333,6 +333,46 @@ func TestSLOAdmissionControl(t *testing.T) {
 	}
 }
 
+// TestSLOShedsWhatWaitedInItsLane: the device is idle, but the embedder
+// takes requests that waited in their lanes (a core shared with the
+// frontends fell behind). Such a request is late although nothing is ahead
+// of it on the device, and under a standing backlog it is shed.
+func TestSLOShedsWhatWaitedInItsLane(t *testing.T) {
+	const window = 100 * time.Millisecond
+	b := New(Options{Mode: SLO, LatencyTarget: 20 * time.Millisecond, Margin: 4 * time.Millisecond, OverloadWindow: window}, sloCosts())
+	// One request that waited 25 ms: a burst, served late.
+	if !b.Admit(1, t0.Add(-25*time.Millisecond), time.Time{}, t0) {
+		t.Fatal("shed at the first late request; a burst should be served late")
+	}
+	if b.Overloaded() {
+		t.Fatal("overloaded after one late request")
+	}
+	// A whole window of requests that waited past the target: shed.
+	at := t0.Add(window)
+	if b.Admit(1, at.Add(-25*time.Millisecond), time.Time{}, at) {
+		t.Fatal("admitted a request that waited 25 ms of a 20 ms target in its lane, after a window of such")
+	}
+	if !b.Overloaded() {
+		t.Fatal("not overloaded after a window of requests late from their lanes")
+	}
+	// Paced: the next merely late one is served; one that waited twice the
+	// target is refused at once.
+	if !b.Admit(1, at.Add(-25*time.Millisecond), time.Time{}, at) {
+		t.Fatal("shed two late requests in a row: shedding is not paced")
+	}
+	if b.Admit(1, at.Add(-41*time.Millisecond), time.Time{}, at) {
+		t.Fatal("admitted a request that waited twice the target in its lane")
+	}
+	// A request that can still make it is served, overload or not, and so
+	// is one too large for the target even on an idle device.
+	if !b.Admit(1, at.Add(-17*time.Millisecond), time.Time{}, at) {
+		t.Fatal("shed a request that waited 17 ms and can still finish within 20 ms")
+	}
+	if !b.Admit(4096, at, time.Time{}, at) {
+		t.Fatal("shed a fresh 42 ms request on an idle device")
+	}
+}
+
 func TestCostsExec(t *testing.T) {
 	var c Costs
 	if c.Exec(16) != 0 {
