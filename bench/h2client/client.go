@@ -17,7 +17,10 @@
 // SETTINGS (the server's max frame size, initial window and stream limit
 // are obeyed), flow control both ways, PING acks, GOAWAY, RST_STREAM,
 // grpc-timeout with a client-side deadline that cancels the stream, and
-// status from trailers or trailers-only responses. What it leaves out:
+// status from trailers or trailers-only responses. Like grpc-go's client
+// it sends a bandwidth-probe PING after response data when none is
+// outstanding, so a server acks as many PINGs as real callers make it
+// (Options.NoBandwidthProbe turns that off). What it leaves out:
 // TLS, compression, streaming, retries and reconnection: a connection
 // that fails stays failed, and its calls fail with UNAVAILABLE.
 package h2client
@@ -51,6 +54,13 @@ type Options struct {
 	// WindowSize is the receive window offered per stream and, times 16,
 	// for the connection. Default 4 MiB.
 	WindowSize uint32
+	// NoBandwidthProbe turns off the PING sent after response data when
+	// none is outstanding. grpc-go's and gRPC C-core's clients send it to
+	// size their windows (bandwidth-delay product estimation), so a server
+	// acks about one per call from real callers; the windows here are
+	// static and never use the answer, but by default the PING is sent
+	// anyway, so that a server does the work real clients give it.
+	NoBandwidthProbe bool
 }
 
 const (
@@ -114,6 +124,7 @@ type Conn struct {
 	peerMax   uint32 // the server's stream limit; 0 until it says
 	active    int    // streams counted against peerMax
 	unacked   int64  // received connection-level bytes not yet returned
+	probing   bool   // a bandwidth-probe PING is unanswered
 
 	readerDone chan struct{}
 }
@@ -452,6 +463,11 @@ func (c *Conn) frame(f http2.Frame) error {
 		}
 	case *http2.PingFrame:
 		if f.IsAck() {
+			if f.Data == probeData {
+				c.mu.Lock()
+				c.probing = false
+				c.mu.Unlock()
+			}
 			return nil
 		}
 		return c.write(func() error { return c.fr.WritePing(true, f.Data) })
@@ -613,6 +629,10 @@ func (c *Conn) data(f *http2.DataFrame) error {
 	if c.unacked >= int64(8*c.opts.WindowSize) {
 		connInc, c.unacked = uint32(c.unacked), 0
 	}
+	probe := n > 0 && !c.probing && !c.opts.NoBandwidthProbe
+	if probe {
+		c.probing = true
+	}
 	s := c.streams[f.StreamID]
 	var streamInc uint32
 	tooBig := false
@@ -625,8 +645,13 @@ func (c *Conn) data(f *http2.DataFrame) error {
 		}
 	}
 	c.mu.Unlock()
-	if connInc > 0 || streamInc > 0 {
+	if connInc > 0 || streamInc > 0 || probe {
 		err := c.write(func() error {
+			if probe {
+				if err := c.fr.WritePing(false, probeData); err != nil {
+					return err
+				}
+			}
 			if connInc > 0 {
 				if err := c.fr.WriteWindowUpdate(0, connInc); err != nil {
 					return err
@@ -638,7 +663,7 @@ func (c *Conn) data(f *http2.DataFrame) error {
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("write window update: %w", err)
+			return fmt.Errorf("write window update or probe: %w", err)
 		}
 	}
 	switch {
@@ -653,6 +678,9 @@ func (c *Conn) data(f *http2.DataFrame) error {
 	}
 	return nil
 }
+
+// probeData marks the client's bandwidth-probe PINGs.
+var probeData = [8]byte{'r', 'e', 'c', 'm', 'e', 's', 'h', 1}
 
 // unframe checks the gRPC length prefix and returns the one message.
 func unframe(b []byte) ([]byte, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -11,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -384,6 +387,87 @@ func TestUnframe(t *testing.T) {
 		_, err := unframe(tc.in)
 		if status.Code(err) != tc.want {
 			t.Errorf("unframe(%v): %v, want %v", tc.in, err, tc.want)
+		}
+	}
+}
+
+// pingCounter is a bare HTTP/2 server that answers every call with "ok"
+// and counts the PINGs its client sends, acking each.
+func pingCounter(t *testing.T) (addr string, pings *atomic.Int32) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	pings = new(atomic.Int32)
+	go func() {
+		nc, err := lis.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		preface := make([]byte, len(http2.ClientPreface))
+		if _, err := io.ReadFull(nc, preface); err != nil {
+			return
+		}
+		fr := http2.NewFramer(nc, nc)
+		var hbuf bytes.Buffer
+		enc := hpack.NewEncoder(&hbuf)
+		block := func(fields ...string) []byte {
+			hbuf.Reset()
+			for i := 0; i < len(fields); i += 2 {
+				enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
+			}
+			return hbuf.Bytes()
+		}
+		fr.WriteSettings()
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			switch f := f.(type) {
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					pings.Add(1)
+					fr.WritePing(true, f.Data)
+				}
+			case *http2.DataFrame:
+				if !f.StreamEnded() {
+					continue
+				}
+				id := f.StreamID
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true,
+					BlockFragment: block(":status", "200", "content-type", "application/grpc")})
+				fr.WriteData(id, false, []byte{0, 0, 0, 0, 2, 'o', 'k'})
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true, EndStream: true,
+					BlockFragment: block("grpc-status", "0")})
+			}
+		}
+	}()
+	return lis.Addr().String(), pings
+}
+
+// TestBandwidthProbe: by default the client probes after response data as
+// grpc-go's does (at most one PING outstanding), and not when told not to.
+func TestBandwidthProbe(t *testing.T) {
+	const calls = 5
+	for _, off := range []bool{false, true} {
+		addr, pings := pingCounter(t)
+		c := dial(t, addr, Options{NoBandwidthProbe: off})
+		for range calls {
+			if got, err := call(c, "/t/echo", []byte("x"), 5*time.Second); err != nil || string(got) != "ok" {
+				t.Fatalf("call: %q, %v", got, err)
+			}
+		}
+		c.Close()
+		n := pings.Load()
+		switch {
+		case off && n != 0:
+			t.Errorf("NoBandwidthProbe: the server got %d PINGs", n)
+		case !off && (n < 1 || n > calls):
+			t.Errorf("%d PINGs for %d answers, want one per answer while none is outstanding", n, calls)
 		}
 	}
 }
