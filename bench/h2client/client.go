@@ -327,16 +327,17 @@ func (c *Conn) writeBody(s *stream, prefix, msg []byte) {
 		c.sendWin -= n
 		s.sendWin -= n
 		c.mu.Unlock()
-		// The frame is the prefix and message bytes [sent, sent+n).
+		// The frame is the prefix and message bytes [sent, sent+n): a slice
+		// of msg, except the first, which joins the prefix to its start.
 		lo, hi := sent, sent+int(n)
-		frame := c.scratch[:0]
-		if lo < len(prefix) {
-			frame = append(frame, prefix[lo:min(hi, len(prefix))]...)
+		var frame []byte
+		if lo >= len(prefix) {
+			frame = msg[lo-len(prefix) : hi-len(prefix)]
+		} else {
+			frame = append(c.scratch[:0], prefix[lo:min(hi, len(prefix))]...)
+			frame = append(frame, msg[:max(hi-len(prefix), 0)]...)
+			c.scratch = frame[:0]
 		}
-		if hi > len(prefix) {
-			frame = append(frame, msg[max(lo-len(prefix), 0):hi-len(prefix)]...)
-		}
-		c.scratch = frame[:0]
 		sent += int(n)
 		last := sent == total
 		if err := c.fr.WriteData(s.id, last, frame); err != nil {

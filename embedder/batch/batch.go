@@ -537,9 +537,9 @@ func (b *Batcher) Admit(n int, arrival, deadline, now time.Time) bool {
 			// frontends, the queue stands in the lanes, not on the
 			// device, and serving what is already late there only
 			// makes the requests behind it late too.
-			end = now.Add(b.costs.Lookup(n) + b.costs.Exec(n))
-			fresh := arrival.Add(b.costs.Lookup(n) + b.costs.Exec(n))
-			if !end.After(arrival.Add(b.opts.LatencyTarget)) || fresh.After(arrival.Add(b.opts.LatencyTarget)) {
+			run := b.costs.Lookup(n) + b.costs.Exec(n)
+			end = now.Add(run)
+			if !end.After(arrival.Add(b.opts.LatencyTarget)) || run > b.opts.LatencyTarget {
 				// On time, or too large for the target even on an
 				// idle device taken at once: served, since shedding it
 				// would spare no one any waiting.
