@@ -33,10 +33,18 @@ const (
 	// An open-loop point is labelled "open" followed by its percentage of
 	// the closed-loop peak, e.g. "open80".
 	LabelOpenPrefix = "open"
+	// An open-loop point at a fraction of the arm's peak under the
+	// headline budget is labelled "budget" and its percentage, e.g.
+	// "budget80".
+	LabelBudgetPrefix = "budget"
 )
 
 // OpenLabel is the label of the open-loop point at fraction f of the peak.
 func OpenLabel(f float64) string { return fmt.Sprintf("%s%.0f", LabelOpenPrefix, f*100) }
+
+// BudgetLabel is the label of the open-loop point at fraction f of the
+// arm's peak under the headline budget.
+func BudgetLabel(f float64) string { return fmt.Sprintf("%s%.0f", LabelBudgetPrefix, f*100) }
 
 // Run is the manifest of one sweep: what ran where, and which point files
 // it wrote.
@@ -92,10 +100,14 @@ type Sweep struct {
 	Batches       []int     `json:"batches"`
 	Clients       []int     `json:"clients"`
 	OpenFractions []float64 `json:"open_fractions"`
-	WarmupS       float64   `json:"warmup_s"`
-	DurationS     float64   `json:"duration_s"`
-	Repeats       int       `json:"repeats"`
-	Connections   int       `json:"connections"`
+	// BudgetFractions are open-loop rates as fractions of each arm's
+	// peak under the headline budget: the throughput it claims, MLPerf's
+	// server scenario checks that Poisson arrivals can be served at it.
+	BudgetFractions []float64 `json:"budget_fractions,omitempty"`
+	WarmupS         float64   `json:"warmup_s"`
+	DurationS       float64   `json:"duration_s"`
+	Repeats         int       `json:"repeats"`
+	Connections     int       `json:"connections"`
 	// Client is the load generator's gRPC client (loadgen.ClientLean,
 	// loadgen.ClientGRPC); empty in runs from before it was recorded.
 	Client      string `json:"client,omitempty"`

@@ -101,6 +101,15 @@ func SuiteMarkdown(runs []*Run, charts map[string][]string) string {
 		}
 	}
 	b.WriteString("\nA ratio of `inf` means no Python arm had an eligible point where recmesh did; 0 that recmesh had none.\n\n")
+	var open []string
+	for _, r := range runs {
+		for _, l := range OpenLines(r) {
+			open = append(open, l.String())
+		}
+	}
+	if len(open) > 0 {
+		fmt.Fprintf(&b, "Open loop at a fraction of the SLO arms' own peak within p99 %d ms:\n\n```\n%s\n```\n\n", HeadlineBudgetMs, strings.Join(open, "\n"))
+	}
 	for _, r := range runs {
 		if r.Memory != nil {
 			line, _ := MemoryLine(r.Memory)
@@ -166,8 +175,9 @@ func writeDenseCost(b *strings.Builder, c *DenseCost) {
 }
 
 // SuiteLines are what `make bench` ends with: every workload's `bench:`
-// lines, then every workload's `bench-ratio:` lines, then the
-// `bench-memory:` line of the first workload whose memory check ran.
+// lines, then every workload's `bench-ratio:` lines, then its
+// `bench-open:` lines, then the `bench-memory:` line of the first
+// workload whose memory check ran.
 func SuiteLines(runs []*Run) []string {
 	var out []string
 	for _, r := range runs {
@@ -177,6 +187,11 @@ func SuiteLines(runs []*Run) []string {
 	}
 	for _, r := range runs {
 		for _, l := range RatioLines(r) {
+			out = append(out, l.String())
+		}
+	}
+	for _, r := range runs {
+		for _, l := range OpenLines(r) {
 			out = append(out, l.String())
 		}
 	}
@@ -249,6 +264,55 @@ func RatioLines(r *Run) []RatioLine {
 			l.Ratio = l.Recmesh / l.Python
 		}
 		out = append(out, l)
+	}
+	return out
+}
+
+// OpenLine is one `bench-open:` line: an SLO arm's open-loop point at a
+// fraction of its peak within the headline budget, and whether every
+// repeat kept p99 within the budget with no errors.
+type OpenLine struct {
+	Workload, Arm, Label string
+	B                    int
+	Rate, Achieved       float64 // requests/s offered and served
+	P99Ms                float64 // the worst repeat's
+	Errors               int64
+	Met                  bool
+}
+
+func (l OpenLine) String() string {
+	return fmt.Sprintf("bench-open: workload=%s arm=%s b_req=%d load=%s rate=%.0f achieved=%.0f p99_ms_max=%.2f errors=%d target_ms=%d met=%t",
+		orDash(l.Workload), l.Arm, l.B, l.Label, l.Rate, l.Achieved, l.P99Ms, l.Errors, HeadlineBudgetMs, l.Met)
+}
+
+// sloArm reports whether arm batches by the latency budget (the mesh's
+// default mode, on either transport): the arms the budget-peak open loop
+// is a target for.
+func sloArm(arm string) bool { return arm == "recmesh-slo" || strings.HasPrefix(arm, "recmesh-slo-") }
+
+// OpenLines gives one OpenLine per SLO arm, request size and budget
+// fraction that has a point.
+func OpenLines(r *Run) []OpenLine {
+	var out []OpenLine
+	for _, arm := range ArmNames(r.Points) {
+		if !sloArm(arm) {
+			continue
+		}
+		for _, b := range runBatches(r) {
+			for _, f := range r.Sweep.BudgetFractions {
+				p := Find(r.Points, arm, b, BudgetLabel(f), 0)
+				if p == nil || p.Summary.Repeats == 0 {
+					continue
+				}
+				l := OpenLine{Workload: r.Workload, Arm: arm, Label: BudgetLabel(f), B: b,
+					Rate: p.RateRPS, Achieved: p.Summary.RequestsPerS, Errors: p.Summary.Errors}
+				for _, run := range p.Runs {
+					l.P99Ms = max(l.P99Ms, run.Latency.P99)
+				}
+				l.Met = l.Errors == 0 && l.P99Ms <= HeadlineBudgetMs
+				out = append(out, l)
+			}
+		}
 	}
 	return out
 }

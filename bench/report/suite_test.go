@@ -45,6 +45,39 @@ func TestRatioLines(t *testing.T) {
 	}
 }
 
+// TestOpenLines: only SLO arms get a line, a repeat past the budget or an
+// error fails it, and the worst repeat's p99 is the one printed.
+func TestOpenLines(t *testing.T) {
+	budget := func(arm string, b int, errs int64, p99s ...float64) *loadgen.Point {
+		p := open(arm, b, 0.8, p99s...)
+		p.Label = BudgetLabel(0.8)
+		for i := range p.Runs {
+			p.Runs[i].Errors = errs
+		}
+		p.Summarize()
+		return p
+	}
+	r := &Run{Workload: "hostbound", Sweep: Sweep{Batches: []int{1, 16, 128}, BudgetFractions: []float64{0.8}}, Points: []*loadgen.Point{
+		budget("recmesh-slo", 1, 0, 12, 19.5),
+		budget("recmesh-slo", 16, 0, 12, 20.5, 11), // median within, one repeat past
+		budget("recmesh-slo-lean", 1, 2, 5),
+		budget("recmesh-full", 1, 0, 5),  // not an SLO arm
+		open("recmesh-slo", 128, 0.8, 5), // the closed-loop peak's fraction, not the budget's
+	}}
+	var got []string
+	for _, l := range OpenLines(r) {
+		got = append(got, l.String())
+	}
+	want := []string{
+		"bench-open: workload=hostbound arm=recmesh-slo b_req=1 load=budget80 rate=100 achieved=99 p99_ms_max=19.50 errors=0 target_ms=20 met=true",
+		"bench-open: workload=hostbound arm=recmesh-slo b_req=16 load=budget80 rate=100 achieved=99 p99_ms_max=20.50 errors=0 target_ms=20 met=false",
+		"bench-open: workload=hostbound arm=recmesh-slo-lean b_req=1 load=budget80 rate=100 achieved=99 p99_ms_max=5.00 errors=2 target_ms=20 met=false",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("open lines:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 func TestMemoryLine(t *testing.T) {
 	m := &MemoryCheck{TableBytes: 3000 << 20, Rows: []MemoryRow{
 		{Arm: "recmesh-full", Kind: KindRecmesh, Instances: 1, PSSBytes: 3500 << 20},
@@ -72,7 +105,7 @@ func TestSuite(t *testing.T) {
 	for i, w := range []string{"mlperf", "hostbound"} {
 		r := &Run{
 			Workload: w, StartedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), FinishedAt: time.Date(2026, 1, 2, 3, 14, 5, 0, time.UTC),
-			Sweep: Sweep{Batches: []int{1, 16}, Clients: []int{1, 4}, Repeats: 1},
+			Sweep: Sweep{Batches: []int{1, 16}, Clients: []int{1, 4}, Repeats: 1, BudgetFractions: []float64{0.8}},
 			Arms:  []Arm{{Name: "recmesh-full", Kind: KindRecmesh}, {Name: "py", Kind: KindPython}},
 			DenseCost: &DenseCost{CPUs: "0", LookupExamplesPerS: 40000,
 				Buckets: []DenseCostBucket{{Bucket: 1, DenseExamplesPerS: 2000}, {Bucket: 16, DenseExamplesPerS: 400000}}},
@@ -84,7 +117,9 @@ func TestSuite(t *testing.T) {
 			}}
 		}
 		sub := filepath.Join(dir, w)
-		for j, p := range synthetic() {
+		slo := open("recmesh-slo", 16, 0.8, 9)
+		slo.Label = BudgetLabel(0.8)
+		for j, p := range append(synthetic(), slo) {
 			f := filepath.Join(p.Arm, "p"+strings.Repeat("x", j)+".json")
 			if err := p.WriteFile(filepath.Join(sub, f)); err != nil {
 				t.Fatal(err)
@@ -112,7 +147,7 @@ func TestSuite(t *testing.T) {
 	}
 	for _, want := range []string{"## Workload `mlperf`", "## Workload `hostbound`", "### Throughput under p99 ≤ 20 ms",
 		"(mlperf/throughput-vs-clients-b16.svg)", "(hostbound/p99-vs-throughput-b1.svg)", "| 16 | 400,000 | 2.50 | 25.00 | 0.100 |",
-		"bench-memory: tables_mib=100"} {
+		"bench-memory: tables_mib=100", "Open-loop Poisson traffic at 80% of each arm's peak within p99 20 ms"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report lacks %q", want)
 		}
@@ -128,11 +163,12 @@ func TestSuite(t *testing.T) {
 			kinds = append(kinds, k)
 		}
 	}
-	if strings.Join(kinds, ",") != "bench:,bench-ratio:,bench-memory:" {
-		t.Errorf("line kinds in order %v, want bench:, bench-ratio:, then bench-memory: last", kinds)
+	if strings.Join(kinds, ",") != "bench:,bench-ratio:,bench-open:,bench-memory:" {
+		t.Errorf("line kinds in order %v, want bench:, bench-ratio:, bench-open:, then bench-memory: last", kinds)
 	}
-	// The manifest names two arms; the points add recmesh-none and py-mp.
-	if n := len(lines); n != 2*4*2+2*2+1 {
-		t.Errorf("%d lines, want 21 (2 workloads × 4 arms × 2 B_req, 2 × 2 ratios, memory)", n)
+	// The manifest names two arms; the points add recmesh-none, py-mp and
+	// recmesh-slo.
+	if n := len(lines); n != 2*5*2+2*2+2+1 {
+		t.Errorf("%d lines, want 27 (2 workloads × 5 arms × 2 B_req, 2 × 2 ratios, 2 open, memory)", n)
 	}
 }

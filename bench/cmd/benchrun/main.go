@@ -80,6 +80,7 @@ type config struct {
 	arms                   []string
 	batches, clients       []int
 	openFractions          []float64
+	budgetFractions        []float64
 	warmup, duration       time.Duration
 	repeats                int
 	connections            int
@@ -137,7 +138,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return stall.Command("benchrun", args[1:], os.Stdin, stdout, stderr)
 	}
 	c := &config{out: stdout}
-	var arms, batches, clients, fracs, memArms, memInst, workloads, workloadName, stallCPUs string
+	var arms, batches, clients, fracs, budgetFracs, memArms, memInst, workloads, workloadName, stallCPUs string
 	defServer, defClient := defaultCPUs(runtime.NumCPU())
 	fs := flag.NewFlagSet("benchrun", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -155,6 +156,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&batches, "batches", "1,16,128", "request sizes B_req")
 	fs.StringVar(&clients, "clients", "1,4,16,64,256", "closed-loop concurrent clients C")
 	fs.StringVar(&fracs, "open", "0.5,0.8", "open-loop rates as fractions of each arm's closed-loop peak (empty: none)")
+	fs.StringVar(&budgetFracs, "open-budget", "0.8", "open-loop rates as fractions of each arm's closed-loop peak under the p99 ≤ 20 ms budget, the throughput it claims (empty: none)")
 	fs.DurationVar(&c.warmup, "warmup", 5*time.Second, "discarded warm-up before each measured window")
 	fs.DurationVar(&c.duration, "duration", 30*time.Second, "measured window")
 	fs.IntVar(&c.repeats, "repeats", 3, "measured repeats per point (medians are reported)")
@@ -237,6 +239,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if c.openFractions, err = floatList("-open", fracs); err != nil {
+		return err
+	}
+	if c.budgetFractions, err = floatList("-open-budget", budgetFracs); err != nil {
 		return err
 	}
 	switch {
@@ -406,7 +411,7 @@ func sweep(ctx context.Context, c *config, name string) (*report.Run, error) {
 		StartedAt: time.Now().UTC(),
 		Env:       environment(c, cfg),
 		Sweep: report.Sweep{
-			Batches: c.batches, Clients: c.clients, OpenFractions: c.openFractions,
+			Batches: c.batches, Clients: c.clients, OpenFractions: c.openFractions, BudgetFractions: c.budgetFractions,
 			WarmupS: c.warmup.Seconds(), DurationS: c.duration.Seconds(), Repeats: c.repeats,
 			Connections: c.connections, Client: c.client, Frontends: c.frontends, PyProcesses: c.pyProcesses, PyWorkers: c.pyWorkers,
 		},
@@ -532,6 +537,7 @@ func (c *config) runArm(ctx context.Context, spec armSpec, cfg model.Config, wor
 	var files []string
 	for _, b := range c.batches {
 		var peak float64 // requests/s, over error-free closed-loop points
+		var swept []*loadgen.Point
 		for _, cc := range c.clients {
 			rc := loadgen.Config{Mode: loadgen.Closed, Concurrency: cc, Warmup: c.warmup, Duration: c.duration, Timeout: c.timeout}
 			p, err := c.point(ctx, spec.name, report.LabelClosed, srv, pool, workloads[b], rc, c.repeats)
@@ -543,25 +549,43 @@ func (c *config) runArm(ctx context.Context, spec armSpec, cfg model.Config, wor
 				return files, par, err
 			}
 			files = append(files, f)
+			swept = append(swept, p)
 			if p.Summary.Errors == 0 {
 				peak = max(peak, p.Summary.RequestsPerS)
 			}
 		}
-		for _, frac := range c.openFractions {
-			if peak <= 0 {
-				fmt.Fprintf(c.out, "benchrun: arm %s B_req %d: no error-free closed-loop point, no open loop\n", spec.name, b)
-				break
+		// The budget peak is the point the arm's bench line claims: the
+		// best closed-loop throughput whose p99 met the headline budget.
+		var budgetPeak float64
+		if best := report.Best(swept, spec.name, b, report.HeadlineBudgetMs); best != nil {
+			budgetPeak = best.Summary.RequestsPerS
+		}
+		opens := []struct {
+			fracs []float64
+			peak  float64
+			label func(float64) string
+			what  string
+		}{
+			{c.openFractions, peak, report.OpenLabel, "no error-free closed-loop point"},
+			{c.budgetFractions, budgetPeak, report.BudgetLabel, fmt.Sprintf("no closed-loop point within p99 %d ms", report.HeadlineBudgetMs)},
+		}
+		for _, o := range opens {
+			for _, frac := range o.fracs {
+				if o.peak <= 0 {
+					fmt.Fprintf(c.out, "benchrun: arm %s B_req %d: %s, no open loop at %s\n", spec.name, b, o.what, o.label(frac))
+					break
+				}
+				rc := loadgen.Config{Mode: loadgen.Open, Rate: frac * o.peak, Warmup: c.warmup, Duration: c.duration, Timeout: c.timeout}
+				p, err := c.point(ctx, spec.name, o.label(frac), srv, pool, workloads[b], rc, c.repeats)
+				if err != nil {
+					return files, par, err
+				}
+				f := filepath.Join(spec.name, fmt.Sprintf("b%d-%s.json", b, o.label(frac)))
+				if err := p.WriteFile(filepath.Join(c.results, f)); err != nil {
+					return files, par, err
+				}
+				files = append(files, f)
 			}
-			rc := loadgen.Config{Mode: loadgen.Open, Rate: frac * peak, Warmup: c.warmup, Duration: c.duration, Timeout: c.timeout}
-			p, err := c.point(ctx, spec.name, report.OpenLabel(frac), srv, pool, workloads[b], rc, c.repeats)
-			if err != nil {
-				return files, par, err
-			}
-			f := filepath.Join(spec.name, fmt.Sprintf("b%d-%s.json", b, report.OpenLabel(frac)))
-			if err := p.WriteFile(filepath.Join(c.results, f)); err != nil {
-				return files, par, err
-			}
-			files = append(files, f)
 		}
 	}
 	return files, par, nil
