@@ -28,6 +28,14 @@
 //     the largest any process maps), so the memory check sees every byte.
 //     Peaks are of the sum over the processes alive at one sample, the
 //     maximum over samples: the memory the whole server held at once.
+//     smaps_rollup walks every page table of a process: 10-30 ms for a
+//     process mapping 3 GB of tables, five times a second for each
+//     process, on the CPUs of the load generator it shares a process
+//     with. So PSS is read at the first and the last sample, every
+//     PSSInterval, and whenever the sampled RSS has grown past what it
+//     was at the last read (or a process appeared); between reads a
+//     process keeps its last PSS. RSS (VmRSS, a counter) is read at
+//     every sample.
 //
 // Processes are keyed by PID and start time, so a PID reused during the
 // window is a new process.
@@ -49,6 +57,17 @@ import (
 // DefaultInterval is the sampling period.
 const DefaultInterval = 200 * time.Millisecond
 
+// DefaultPSSInterval is the longest time between two PSS reads.
+const DefaultPSSInterval = time.Second
+
+// pssRSSGrowth is how much the watched processes' RSS must grow past its
+// value at the last PSS read (a fraction of it, at least pssRSSGrowthMin)
+// to read PSS again before PSSInterval.
+const (
+	pssRSSGrowth    = 0.01
+	pssRSSGrowthMin = 16 << 20
+)
+
 // Options selects what to watch.
 type Options struct {
 	// PIDs are the root processes.
@@ -58,6 +77,9 @@ type Options struct {
 	Descendants bool
 	// Interval is the sampling period (default DefaultInterval).
 	Interval time.Duration
+	// PSSInterval is the longest time between two PSS reads (default
+	// DefaultPSSInterval); see the package comment.
+	PSSInterval time.Duration
 	// ProcRoot is the proc filesystem's mount point (default /proc); tests
 	// point it elsewhere.
 	ProcRoot string
@@ -85,8 +107,10 @@ type Report struct {
 	// "default" (the 100 Hz assumption).
 	ClockTicks       int64  `json:"clock_ticks"`
 	ClockTicksSource string `json:"clock_ticks_source"`
-	// IntervalMs is the sampling period asked for.
-	IntervalMs float64 `json:"interval_ms"`
+	// IntervalMs is the sampling period asked for, and PSSIntervalMs the
+	// longest time between two PSS reads.
+	IntervalMs    float64 `json:"interval_ms"`
+	PSSIntervalMs float64 `json:"pss_interval_ms"`
 	// Processes has one entry per process seen, in order of first sight.
 	Processes []ProcessReport `json:"processes"`
 	// Samples is the time series of the sums.
@@ -138,6 +162,10 @@ type track struct {
 	peakRSS, peakPSS    int64
 	seenLast            bool
 	order               int
+	// mem is the process's memory at the last PSS read; memOK is false
+	// until one succeeded, memTried until one was attempted.
+	mem             memory
+	memOK, memTried bool
 }
 
 // Monitor samples processes until Stop.
@@ -158,7 +186,10 @@ type Monitor struct {
 	peakPSS  int64
 	pssOK    bool
 	nSamples int
-	err      error
+	// lastPSS is when PSS was last read, and pssRSS the summed RSS then.
+	lastPSS time.Time
+	pssRSS  int64
+	err     error
 }
 
 // Start takes the first sample at once (the baseline) and then one every
@@ -169,6 +200,9 @@ func Start(opts Options) (*Monitor, error) {
 	}
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
+	}
+	if opts.PSSInterval <= 0 {
+		opts.PSSInterval = DefaultPSSInterval
 	}
 	if opts.ProcRoot == "" {
 		opts.ProcRoot = "/proc"
@@ -182,7 +216,7 @@ func Start(opts Options) (*Monitor, error) {
 		done:   make(chan struct{}),
 		tracks: map[procKey]*track{},
 	}
-	if err := m.sample(); err != nil {
+	if err := m.sample(true); err != nil {
 		return nil, err
 	}
 	go m.loop()
@@ -198,7 +232,7 @@ func (m *Monitor) loop() {
 		case <-m.stop:
 			return
 		case <-tick.C:
-			if err := m.sample(); err != nil {
+			if err := m.sample(false); err != nil {
 				m.mu.Lock()
 				m.err = err
 				m.mu.Unlock()
@@ -218,14 +252,15 @@ func (m *Monitor) Stop() (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := m.sample(); err != nil {
+	if err := m.sample(true); err != nil {
 		return nil, err
 	}
 	return m.report(), nil
 }
 
-// sample reads every watched process once.
-func (m *Monitor) sample() error {
+// sample reads every watched process once; PSS only when forced or due
+// (see the package comment).
+func (m *Monitor) sample(forcePSS bool) error {
 	now := time.Now()
 	pids, err := m.pids()
 	if err != nil {
@@ -241,9 +276,9 @@ func (m *Monitor) sample() error {
 		tr.seenLast = false
 	}
 	var rss, pss int64
-	// Shared hugetlb mappings, counted once per file over all processes.
-	sharedHuge := map[hugeFile]int64{}
 	alive := 0
+	var seen []*track
+	var seenPIDs []int
 	for _, pid := range pids {
 		st, err := readStat(m.opts.ProcRoot, pid)
 		if err != nil {
@@ -265,16 +300,38 @@ func (m *Monitor) sample() error {
 			rss += r
 			tr.peakRSS = max(tr.peakRSS, r)
 		}
-		if mem, err := readPSS(m.opts.ProcRoot, pid); err == nil {
-			own := mem.pss + mem.privateHugetlb
-			for f, n := range mem.sharedHugetlb {
-				sharedHuge[f] = max(sharedHuge[f], n)
-				own += n // a process's own view holds the whole mapping
-			}
-			pss += mem.pss + mem.privateHugetlb
-			tr.peakPSS = max(tr.peakPSS, own)
-			m.pssOK = true
+		if !tr.memTried {
+			forcePSS = true // a process never read yet
 		}
+		seen, seenPIDs = append(seen, tr), append(seenPIDs, pid)
+	}
+	growth := max(int64(float64(m.pssRSS)*pssRSSGrowth), pssRSSGrowthMin)
+	readNow := forcePSS || now.Sub(m.lastPSS) >= m.opts.PSSInterval || rss > m.pssRSS+growth
+	if readNow {
+		m.lastPSS, m.pssRSS = now, rss
+	}
+	// Shared hugetlb mappings, counted once per file over all processes.
+	sharedHuge := map[hugeFile]int64{}
+	for i, tr := range seen {
+		pid := seenPIDs[i]
+		if readNow {
+			tr.memTried = true
+			if mem, err := readPSS(m.opts.ProcRoot, pid); err == nil {
+				tr.mem, tr.memOK = mem, true
+			}
+		}
+		if !tr.memOK {
+			continue
+		}
+		mem := tr.mem
+		own := mem.pss + mem.privateHugetlb
+		for f, n := range mem.sharedHugetlb {
+			sharedHuge[f] = max(sharedHuge[f], n)
+			own += n // a process's own view holds the whole mapping
+		}
+		pss += mem.pss + mem.privateHugetlb
+		tr.peakPSS = max(tr.peakPSS, own)
+		m.pssOK = true
 	}
 	for _, n := range sharedHuge {
 		pss += n
@@ -317,6 +374,7 @@ func (m *Monitor) report() *Report {
 		ClockTicks:       m.ticks,
 		ClockTicksSource: m.source,
 		IntervalMs:       float64(m.opts.Interval) / float64(time.Millisecond),
+		PSSIntervalMs:    float64(m.opts.PSSInterval) / float64(time.Millisecond),
 		Samples:          m.samples,
 	}
 	type entry struct {

@@ -307,3 +307,65 @@ func TestHugetlbCountedOnce(t *testing.T) {
 		t.Errorf("process 101's own PSS %d, want its Pss, private and shared hugetlb", got)
 	}
 }
+
+// TestPSSReadWhenDue: between the first and the last sample, PSS is read
+// again only once PSSInterval passed or RSS grew; samples in between keep
+// the last value read.
+func TestPSSReadWhenDue(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "200")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setRSS := func(mib int) { write("status", fmt.Sprintf("Name:\tsrv\nVmRSS:\t%d kB\n", mib<<10)) }
+	setPSS := func(mib int) { write("smaps_rollup", fmt.Sprintf("Rss: 0 kB\nPss: %d kB\n", mib<<10)) }
+	write("stat", "200 (srv) S 1 200 200 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 1200 0 0")
+	setRSS(100)
+	setPSS(50)
+	m, err := Start(Options{PIDs: []int{200}, ProcRoot: root, Interval: time.Hour, PSSInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastPSS := func() int64 {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.samples[len(m.samples)-1].PSSBytes >> 20
+	}
+	if got := lastPSS(); got != 50 {
+		t.Fatalf("first sample PSS %d MiB, want 50", got)
+	}
+	setPSS(80)
+	if err := m.sample(false); err != nil {
+		t.Fatal(err)
+	}
+	if got := lastPSS(); got != 50 {
+		t.Errorf("PSS %d MiB with RSS unchanged and the interval not over, want the last read, 50", got)
+	}
+	setRSS(101) // under the growth that triggers a read
+	if err := m.sample(false); err != nil {
+		t.Fatal(err)
+	}
+	if got := lastPSS(); got != 50 {
+		t.Errorf("PSS %d MiB after RSS grew 1 MiB, want 50 still", got)
+	}
+	setRSS(200)
+	if err := m.sample(false); err != nil {
+		t.Fatal(err)
+	}
+	if got := lastPSS(); got != 80 {
+		t.Errorf("PSS %d MiB after RSS doubled, want it read again, 80", got)
+	}
+	setPSS(90)
+	r, err := m.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.PeakPSSBytes >> 20; got != 90 {
+		t.Errorf("peak PSS %d MiB, want 90 from the last sample, which always reads it", got)
+	}
+}
