@@ -28,14 +28,14 @@
 //     the largest any process maps), so the memory check sees every byte.
 //     Peaks are of the sum over the processes alive at one sample, the
 //     maximum over samples: the memory the whole server held at once.
-//     smaps_rollup walks every page table of a process: 10-30 ms for a
-//     process mapping 3 GB of tables, five times a second for each
-//     process, on the CPUs of the load generator it shares a process
-//     with. So PSS is read at the first and the last sample, every
-//     PSSInterval, and whenever the sampled RSS has grown past what it
-//     was at the last read (or a process appeared); between reads a
-//     process keeps its last PSS. RSS (VmRSS, a counter) is read at
-//     every sample.
+//     smaps_rollup walks every page table of a process: milliseconds for
+//     a process mapping 3 GB of tables, tens of them on a busy machine,
+//     for each process at each sample, on the CPUs of the load generator
+//     it shares a process with. So PSS is read at the first and the last
+//     sample, every PSSInterval, and whenever the sampled RSS has grown
+//     past what it was at the last read (or a process appeared); between
+//     reads a process keeps its last PSS. RSS (VmRSS, a counter) is read
+//     at every sample.
 //
 // Processes are keyed by PID and start time, so a PID reused during the
 // window is a new process.
