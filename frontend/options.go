@@ -197,6 +197,10 @@ type Options struct {
 	// the metrics endpoint is on.
 	Gatherer prometheus.Gatherer
 
+	// Profiling serves net/http/pprof under /debug/pprof/ on the metrics
+	// address. Default off.
+	Profiling bool
+
 	// TracerProvider enables tracing: with it, otelgrpc's stats handler
 	// creates a server span per call and the span's context is handed to
 	// Slot.Submit. Default nil: no stats handler, no tracing cost, and

@@ -140,6 +140,9 @@ func New(opts Options) (*Server, error) {
 			}
 			fmt.Fprintln(w, "ready")
 		})
+		if opts.Profiling {
+			telemetry.MountProfiling(mux)
+		}
 		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
 	return s, nil

@@ -166,6 +166,9 @@ func testServerProbesAndMetadata(t *testing.T, tr string) {
 	if code, body := httpGet(t, metricsURL+"/healthz"); code != 200 || body != "ok\n" {
 		t.Errorf("/healthz = %d %q", code, body)
 	}
+	if code, _ := httpGet(t, metricsURL+"/debug/pprof/heap"); code != http.StatusNotFound {
+		t.Errorf("/debug/pprof/heap without Options.Profiling = %d, want 404", code)
+	}
 
 	sm, err := ts.api.ServerMetadata(ctx, &inference.ServerMetadataRequest{})
 	if err != nil || sm.Name != "recmesh" || sm.Version != "test" {
@@ -660,5 +663,15 @@ func testCallsBeyondStreamWorkers(t *testing.T, tr string) {
 		if err := <-errs; err != nil {
 			t.Errorf("call failed: %v", err)
 		}
+	}
+}
+
+// TestProfiling: Options.Profiling serves Go's profiles on the metrics
+// address.
+func TestProfiling(t *testing.T) {
+	ts := startServer(t, newFakeBackend(), func(o *Options) { o.Profiling = true })
+	code, body := httpGet(t, "http://"+ts.srv.MetricsAddr().String()+"/debug/pprof/allocs?debug=1")
+	if code != http.StatusOK || !strings.Contains(body, "heap profile") {
+		t.Fatalf("/debug/pprof/allocs = %d %.80q, want the allocation profile", code, body)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strconv"
 	"strings"
@@ -37,7 +38,10 @@ type Telemetry struct {
 	// instrumented code costs nothing measurable when tracing is off.
 	Tracer trace.TracerProvider
 	// TracingOn reports whether Tracer records spans (false: a no-op).
-	TracingOn      bool
+	TracingOn bool
+	// Profiling reports whether the metrics address serves /debug/pprof/
+	// (Options.Profiling, RECMESH_PPROF).
+	Profiling      bool
 	shutdownTracer func(context.Context) error
 }
 
@@ -51,6 +55,12 @@ type Options struct {
 	SpanProcessor sdktrace.SpanProcessor
 	// LogLevel, default from RECMESH_LOG_LEVEL (debug|info|warn|error), else info.
 	LogLevel slog.Level
+	// Profiling mounts net/http/pprof under /debug/pprof/ on the metrics
+	// address. Default from RECMESH_PPROF (true|false), else off: a
+	// profile costs the serving core CPU and shows the process's insides,
+	// so it is something an operator turns on, not something a scraper
+	// finds.
+	Profiling bool
 }
 
 // New sets up logging, a registry with the Go and process collectors, and
@@ -69,7 +79,15 @@ func New(ctx context.Context, service string, opts Options) (*Telemetry, error) 
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("service", service)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo(service))
-	t := &Telemetry{Service: service, Log: log, Registry: reg, Tracer: noop.NewTracerProvider()}
+	profiling := opts.Profiling
+	if v := os.Getenv("RECMESH_PPROF"); v != "" {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: RECMESH_PPROF=%q: want true or false", v)
+		}
+		profiling = profiling || on
+	}
+	t := &Telemetry{Service: service, Log: log, Registry: reg, Tracer: noop.NewTracerProvider(), Profiling: profiling}
 
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	if opts.SpanProcessor == nil && !tracingConfigured() {
@@ -133,7 +151,8 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	return t.shutdownTracer(ctx)
 }
 
-// ServeHTTP serves /metrics, /healthz and /readyz on addr until ctx ends.
+// ServeHTTP serves /metrics, /healthz and /readyz on addr until ctx ends,
+// and /debug/pprof/ when profiling is on (Options.Profiling).
 // /healthz is liveness, live (nil = always): the process's own loops are
 // making progress, whatever its peers do, so an orchestrator restarts it
 // only when it is itself stuck. /readyz is ready (nil = always): it can
@@ -166,6 +185,9 @@ func (t *Telemetry) ServeHTTP(ctx context.Context, addr string, live, ready func
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if t.Profiling {
+		MountProfiling(mux)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -179,6 +201,16 @@ func (t *Telemetry) ServeHTTP(ctx context.Context, addr string, live, ready func
 		_ = srv.Shutdown(sctx)
 	}()
 	return ln.Addr(), nil
+}
+
+// MountProfiling serves net/http/pprof's handlers under /debug/pprof/ on
+// mux, for a process that serves its metrics address itself.
+func MountProfiling(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 }
 
 // ListenRange listens on addr, where the port may be a range "lo-hi": the

@@ -59,6 +59,38 @@ func TestServeHTTP(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, "go_goroutines") || !strings.Contains(body, "process_") {
 		t.Fatalf("/metrics = %d without the Go and process collectors", code)
 	}
+	if code, _ := get("/debug/pprof/heap"); code != http.StatusNotFound {
+		t.Fatalf("/debug/pprof/heap without RECMESH_PPROF = %d, want 404", code)
+	}
+}
+
+func TestProfiling(t *testing.T) {
+	t.Setenv("OTEL_TRACES_EXPORTER", "none")
+	t.Setenv("RECMESH_PPROF", "true")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tel, err := New(ctx, "test", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := tel.ServeHTTP(ctx, "127.0.0.1:0", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + addr.String() + "/debug/pprof/allocs?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "heap profile") {
+		t.Fatalf("/debug/pprof/allocs = %d %.80q, want the allocation profile", resp.StatusCode, b)
+	}
+
+	t.Setenv("RECMESH_PPROF", "sometimes")
+	if _, err := New(ctx, "test", Options{}); err == nil || !strings.Contains(err.Error(), "RECMESH_PPROF") {
+		t.Fatalf("err = %v, want one naming RECMESH_PPROF", err)
+	}
 }
 
 func TestTracingOffIsNoop(t *testing.T) {

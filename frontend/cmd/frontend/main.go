@@ -288,6 +288,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		TLSClientCA:    c.tlsClientCA,
 		Registerer:     reg,
 		Gatherer:       reg,
+		Profiling:      tel.Profiling,
 		Logger:         log,
 		TracerProvider: tp,
 	})
