@@ -11,10 +11,12 @@ import (
 )
 
 // FuzzModelInferRequest feeds arbitrary bytes, as a client could send
-// them, through the request decoder. Whatever the bytes, parse must not
-// panic, and a request it accepts must hold what the backend is promised:
-// 1..MaxBatch examples, finite dense features and every sparse id inside
-// its table, copied in full.
+// them, through the request decoder. Whatever the bytes, the lean
+// transport's unmarshaller must agree with proto.Unmarshal (same message,
+// or an error where it fails), parse must not panic, and a request it
+// accepts must hold what the backend is promised: 1..MaxBatch examples,
+// finite dense features and every sparse id inside its table, copied in
+// full.
 func FuzzModelInferRequest(f *testing.F) {
 	cfg := testConfig()
 	opts, err := Options{Model: cfg, Backend: newFakeBackend(), MaxBatch: testMaxBatch}.withDefaults()
@@ -34,12 +36,24 @@ func FuzzModelInferRequest(f *testing.F) {
 			}
 		}
 	}
+	for _, b := range oddRequests(f) {
+		f.Add(b)
+	}
 	width := cfg.SparseWidth()
 	offsets := cfg.HotnessOffsets()
+	dec := newRequestDecoder(sc)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		var req inference.ModelInferRequest
-		if proto.Unmarshal(data, &req) != nil {
+		var ref, req inference.ModelInferRequest
+		refErr := proto.Unmarshal(data, &ref)
+		err := dec.Unmarshal(data, &req)
+		if (err == nil) != (refErr == nil) {
+			t.Fatalf("decoder error %v, proto.Unmarshal error %v", err, refErr)
+		}
+		if err != nil {
 			return
+		}
+		if !proto.Equal(&req, &ref) {
+			t.Fatalf("decoder gave %v, proto.Unmarshal %v", &req, &ref)
 		}
 		var in inferInput
 		if sc.parse(&req, &in) != nil {

@@ -42,6 +42,7 @@ func (s *Server) newLean() *h2unary.Server {
 		// The service bounds calls by MaxRequestTime too; with the bound
 		// already in the deadline it makes no second timer.
 		MaxCallTime: s.opts.MaxRequestTime,
+		Unmarshal:   newRequestDecoder(s.svc.schema).Unmarshal,
 		Logger:      s.log,
 	}
 	if s.opts.TracerProvider != nil {

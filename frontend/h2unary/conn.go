@@ -42,6 +42,7 @@ type conn struct {
 	end context.CancelFunc
 	br  *bufio.Reader
 	fr  *http2.Framer
+	hdr *headerBlock // the reader's
 
 	// Owned by the reader.
 	recvConn    int32 // connection bytes received and not yet returned by WINDOW_UPDATE
@@ -194,8 +195,7 @@ func (c *conn) serve() {
 	}
 	c.bw = bufio.NewWriterSize(nc, 32<<10)
 	c.fr = http2.NewFramer(c.bw, c.br)
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	c.fr.MaxHeaderListSize = DefaultMaxHeaderListSize
+	c.hdr = newHeaderBlock(DefaultMaxHeaderListSize)
 	c.fr.SetMaxReadFrameSize(maxFrameSize)
 	c.fr.SetReuseFrames()
 	c.henc = hpack.NewEncoder(&c.hbuf)
@@ -245,8 +245,11 @@ func (c *conn) handle(f http2.Frame) bool {
 			return true
 		}
 		return c.onSettings(f)
-	case *http2.MetaHeadersFrame:
-		return c.onHeaders(f)
+	case *http2.HeadersFrame:
+		c.hdr.start(f.StreamID, f.StreamEnded())
+		return c.onBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+	case *http2.ContinuationFrame: // the Framer checks that one is due
+		return c.onBlock(f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.DataFrame:
 		return c.onData(f)
 	case *http2.WindowUpdateFrame:
@@ -396,13 +399,33 @@ var reserved = map[string]bool{
 	"grpc-accept-encoding": true, "user-agent": true, "connection": true,
 }
 
-func (c *conn) onHeaders(f *http2.MetaHeadersFrame) bool {
-	id := f.StreamID
+// onBlock decodes a fragment of the header block being read and, once it
+// is complete, acts on it.
+func (c *conn) onBlock(frag []byte, last bool) bool {
+	if err := c.hdr.write(frag, last); err != nil {
+		var se http2.StreamError
+		if errors.As(err, &se) {
+			c.resetStream(se.StreamID, se.Code)
+			return true
+		}
+		var ce http2.ConnectionError
+		errors.As(err, &ce)
+		c.connError(http2.ErrCode(ce), "header block: "+err.Error())
+		return false
+	}
+	if !last {
+		return true
+	}
+	return c.onHeaders(c.hdr)
+}
+
+func (c *conn) onHeaders(f *headerBlock) bool {
+	id := f.streamID
 	c.lock()
 	if s := c.streams[id]; s != nil {
 		// Trailers from the client: they only end its side.
 		c.unlock()
-		if f.StreamEnded() {
+		if f.endStream {
 			c.endRequest(s)
 		}
 		return true
@@ -432,7 +455,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) bool {
 		httpMethod, path, contentType, timeout string
 		md                                     metadata.MD
 	)
-	for _, hf := range f.Fields {
+	for _, hf := range f.fields {
 		switch hf.Name {
 		case ":method":
 			httpMethod = hf.Value
@@ -476,7 +499,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) bool {
 	c.streams[id] = s
 	c.unlock()
 
-	if f.Truncated {
+	if f.truncated {
 		c.refuse(s, 431, codes.Internal, "request headers are larger than the limit of "+strconv.Itoa(DefaultMaxHeaderListSize)+" bytes")
 		return true
 	}
@@ -504,7 +527,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) bool {
 			return true
 		}
 	}
-	if f.StreamEnded() {
+	if f.endStream {
 		c.endRequest(s)
 	}
 	return true
@@ -627,6 +650,12 @@ func (c *conn) call(s *stream) {
 	defer c.calls.Done()
 	msg := s.buf[5:]
 	dec := func(v any) error {
+		if u := c.s.opts.Unmarshal; u != nil {
+			if err := u(msg, v); err != nil {
+				return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+			}
+			return nil
+		}
 		pm, ok := v.(proto.Message)
 		if !ok {
 			return status.Errorf(codes.Internal, "h2unary: %T is not a protobuf message", v)

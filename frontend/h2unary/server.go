@@ -70,6 +70,11 @@ type Options struct {
 	MaxCallTime time.Duration
 	// Interceptor, when set, wraps every handler (as grpc.UnaryInterceptor).
 	Interceptor grpc.UnaryServerInterceptor
+	// Unmarshal, when set, decodes request messages instead of
+	// proto.Unmarshal (as a codec would); an error fails the call with
+	// INTERNAL, as grpc-go fails one its codec cannot read. msg is the
+	// call's own buffer, never reused, so what is decoded may alias it.
+	Unmarshal func(msg []byte, v any) error
 	// Workers is how many goroutines are kept to run calls (their stacks
 	// grow once); a call beyond them gets its own goroutine. 0: 64.
 	Workers int

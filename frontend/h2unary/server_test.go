@@ -29,6 +29,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/recmesh/recmesh/proto/inference"
 )
@@ -501,5 +502,42 @@ func TestMaxCallTime(t *testing.T) {
 	defer svc.mu.Unlock()
 	if d := svc.deadline.Sub(want); d < -30*time.Millisecond || d > 30*time.Millisecond {
 		t.Errorf("handler's deadline %v, client's %v: the sooner should win", svc.deadline, want)
+	}
+}
+
+// TestUnmarshalHook: a server with its own unmarshaller decodes requests
+// with it, and its error fails the call with INTERNAL, as grpc-go fails
+// one its codec cannot read.
+func TestUnmarshalHook(t *testing.T) {
+	var calls atomic.Int32
+	unmarshal := func(msg []byte, v any) error {
+		calls.Add(1)
+		req, ok := v.(*inference.ModelInferRequest)
+		if !ok {
+			return proto.Unmarshal(msg, v.(proto.Message))
+		}
+		if err := proto.Unmarshal(msg, req); err != nil {
+			return err
+		}
+		if req.Id == "undecodable" {
+			return errors.New("no decoder for this one")
+		}
+		req.Id += "+hook"
+		return nil
+	}
+	_, addr := start(t, Options{Unmarshal: unmarshal}, &testService{})
+	c := dial(t, addr)
+	r, err := c.ModelInfer(context.Background(), echo(100))
+	if err != nil || r.Id != "x+hook" {
+		t.Fatalf("ModelInfer = %v, %v; want the id the hook decoded, x+hook", r, err)
+	}
+	req := echo(10)
+	req.Id = "undecodable"
+	_, err = c.ModelInfer(context.Background(), req)
+	if st := status.Convert(err); st.Code() != codes.Internal || !strings.Contains(st.Message(), "no decoder for this one") {
+		t.Fatalf("undecodable request: %v, want INTERNAL naming the decoder's error", err)
+	}
+	if calls.Load() != 2 {
+		t.Errorf("hook called %d times, want 2", calls.Load())
 	}
 }

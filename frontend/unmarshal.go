@@ -1,0 +1,181 @@
+package frontend
+
+import (
+	"fmt"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/recmesh/recmesh/proto/inference"
+)
+
+// requestDecoder unmarshals ModelInfer requests with two allocations where
+// proto.Unmarshal makes a dozen: the request's tensors, shapes and slice
+// headers come from one block, the raw contents alias the received
+// message (the transport hands every call a buffer of its own and never
+// reuses it), and the names and datatypes the model serves are the
+// schema's own strings. It takes the shape real callers send: model name,
+// version, id, inputs with name, datatype and shape, raw contents. Any
+// other request (typed contents, parameters, requested outputs, unknown
+// fields, anything malformed) goes to proto.Unmarshal, the reference this
+// decoder is fuzzed against, so errors and corner cases are protobuf's own.
+type requestDecoder struct {
+	known []string // strings returned without allocating when they match
+}
+
+func newRequestDecoder(s *schema) *requestDecoder {
+	return &requestDecoder{known: []string{s.name, s.version, inputDense, inputSparse, typeFP32, typeINT32, typeINT64}}
+}
+
+// requestBlock holds what a two-input request needs besides the request.
+type requestBlock struct {
+	tensors [2]inference.ModelInferRequest_InferInputTensor
+	inputs  [2]*inference.ModelInferRequest_InferInputTensor
+	shapes  [2][2]int64
+	raw     [2][]byte
+}
+
+// Unmarshal decodes msg into v, which must be a *inference.ModelInferRequest
+// for the fast path; any other message goes to proto.Unmarshal. The
+// transport's codec hook (h2unary.Options.Unmarshal) calls it.
+func (d *requestDecoder) Unmarshal(msg []byte, v any) error {
+	if req, ok := v.(*inference.ModelInferRequest); ok && d.decode(msg, req) {
+		return nil
+	}
+	pm, ok := v.(proto.Message)
+	if !ok {
+		return fmt.Errorf("frontend: %T is not a protobuf message", v)
+	}
+	proto.Reset(pm) // the fast path may have set fields before giving up
+	return proto.Unmarshal(msg, pm)
+}
+
+// decode is the fast path; false means: use proto.Unmarshal.
+func (d *requestDecoder) decode(b []byte, req *inference.ModelInferRequest) bool {
+	var blk *requestBlock
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType {
+			return false
+		}
+		v, m := protowire.ConsumeBytes(b[n:])
+		if m < 0 {
+			return false
+		}
+		b = b[n+m:]
+		var ok bool
+		switch num {
+		case 1:
+			req.ModelName, ok = d.str(v)
+		case 2:
+			req.ModelVersion, ok = d.str(v)
+		case 3:
+			req.Id, ok = d.str(v)
+		case 5:
+			if blk == nil {
+				blk = new(requestBlock)
+			}
+			i := len(req.Inputs)
+			var t *inference.ModelInferRequest_InferInputTensor
+			if i < len(blk.tensors) {
+				t = &blk.tensors[i]
+				t.Shape = blk.shapes[i][:0:len(blk.shapes[i])]
+				if req.Inputs == nil {
+					req.Inputs = blk.inputs[:0]
+				}
+			} else {
+				t = new(inference.ModelInferRequest_InferInputTensor)
+			}
+			ok = d.tensor(v, t)
+			if len(t.Shape) == 0 {
+				t.Shape = nil // as proto.Unmarshal leaves it
+			}
+			req.Inputs = append(req.Inputs, t)
+		case 7:
+			if req.RawInputContents == nil {
+				if blk == nil {
+					blk = new(requestBlock)
+				}
+				req.RawInputContents = blk.raw[:0]
+			}
+			req.RawInputContents = append(req.RawInputContents, v[:len(v):len(v)])
+			ok = true
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// tensor decodes one input tensor's name, datatype and shape.
+func (d *requestDecoder) tensor(b []byte, t *inference.ModelInferRequest_InferInputTensor) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		switch {
+		case num == 3 && typ == protowire.VarintType:
+			x, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return false
+			}
+			t.Shape = append(t.Shape, int64(x))
+			b = b[m:]
+		case typ == protowire.BytesType && (num == 1 || num == 2 || num == 3):
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return false
+			}
+			b = b[m:]
+			var ok bool
+			switch num {
+			case 1:
+				t.Name, ok = d.str(v)
+			case 2:
+				t.Datatype, ok = d.str(v)
+			case 3:
+				ok = packedInt64s(v, &t.Shape)
+			}
+			if !ok {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// packedInt64s appends a packed run of varints to dst.
+func packedInt64s(b []byte, dst *[]int64) bool {
+	for len(b) > 0 {
+		x, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return false
+		}
+		*dst = append(*dst, int64(x))
+		b = b[n:]
+	}
+	return true
+}
+
+// str returns b as a string: a known one without allocating, else a copy;
+// false for invalid UTF-8, which proto3 strings may not hold.
+func (d *requestDecoder) str(b []byte) (string, bool) {
+	if len(b) == 0 {
+		return "", true
+	}
+	for _, k := range d.known {
+		if string(b) == k {
+			return k, true
+		}
+	}
+	if !utf8.Valid(b) {
+		return "", false
+	}
+	return string(b), true
+}
