@@ -331,7 +331,7 @@ func newRig(t *testing.T, opts Options) (*generation, *serving) {
 func TestServeBatch(t *testing.T) {
 	for _, zeroCopy := range []bool{false, true} {
 		t.Run(fmt.Sprintf("zero-copy=%v", zeroCopy), func(t *testing.T) {
-			g, s := newRig(t, Options{ZeroCopyStaging: zeroCopy})
+			g, s := newRig(t, Options{CopyStaging: !zeroCopy})
 			for round := range 3 { // more batches than staging buffers
 				a, b, c := g.submit(1), g.submit(2), g.submit(3)
 				seq := g.publish(6, entry(a, 0, 1, shm.StatusOK), entry(b, 1, 2, shm.StatusOK), entry(c, 3, 3, shm.StatusOK))

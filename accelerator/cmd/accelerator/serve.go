@@ -26,7 +26,7 @@ func runServe(ctx context.Context, args []string) error {
 	segment := fs.String("segment", server.DefaultSegment, "segment file name")
 	metricsAddr := fs.String("metrics-addr", "127.0.0.1:9103", "address of /metrics and /healthz (empty: off; loopback by default, \":9103\" for every interface)")
 	natsURL := fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: none)")
-	zeroCopy := fs.Bool("zero-copy-staging", false, "let the device read batches in place from the segment's staging buffers: one copy per batch less, but a process that truncates the segment file can then kill the accelerator")
+	zeroCopy := fs.Bool("zero-copy-staging", true, "let the device read batches in place from the segment's staging buffers (a sealed memfd only the embedder and the accelerator hold); false copies each batch into private memory first, one memcpy per batch")
 	modelRoot := fs.String("model-root", "", "directory rollouts may load bundles from, where the serving model is recorded (empty: the directory holding --bundle)")
 	if err := c.parse(fs, args); err != nil {
 		return err
@@ -67,7 +67,7 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	defer ex.Close()
 	srv, err := server.New(server.Options{ShmDir: *shmDir, Segment: *segment, Executor: ex, Log: tel.Log, Registry: tel.Registry, Tracer: tel.Tracer,
-		ZeroCopyStaging: *zeroCopy})
+		CopyStaging: !*zeroCopy})
 	if err != nil {
 		return err
 	}
