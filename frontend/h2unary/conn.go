@@ -72,7 +72,24 @@ type conn struct {
 	pending   []*stream
 	goingAway bool
 	closed    bool
+	// ackPending: the write buffer holds PING acks left for an answer to
+	// carry out (onPing), ackBytes of them and nothing else while its
+	// length is still that. ackTimer flushes them after pingAckDelay;
+	// ackArmed while it runs.
+	ackPending bool
+	ackBytes   int
+	ackTimer   *time.Timer
+	ackArmed   bool
 }
+
+// pingAckDelay bounds how long a PING ack may wait in the write buffer for
+// an answer to ride out with. gRPC clients probe bandwidth with a PING
+// after every response they read; flushed at once, each ack is a write
+// syscall of its own (a third of a lean frontend's writes at B_req 1),
+// though the client's next request, and so another answer, usually
+// follows within a millisecond. Clients only time the ack to size their
+// windows, and keepalive waits seconds for it.
+const pingAckDelay = 5 * time.Millisecond
 
 // stream is one call.
 type stream struct {
@@ -112,15 +129,21 @@ func (c *conn) lock() {
 }
 
 // unlock flushes what is buffered unless another goroutine waits for the
-// lock (it will flush, with its own frames), then releases it.
+// lock (it will flush, with its own frames) or all of it is PING acks
+// waiting for an answer to ride out with (onPing), then releases it.
 func (c *conn) unlock() {
-	if c.bw != nil && c.bw.Buffered() > 0 && c.waiters.Load() == 0 && !c.closed {
+	if c.bw != nil && c.bw.Buffered() > 0 && c.waiters.Load() == 0 && !c.closed && !c.onlyAcks() {
+		c.ackPending = false
 		if err := c.bw.Flush(); err != nil {
 			c.closeLocked()
 		}
 	}
 	c.wmu.Unlock()
 }
+
+// onlyAcks reports whether the write buffer holds nothing but PING acks
+// left for an answer to carry out; wmu held.
+func (c *conn) onlyAcks() bool { return c.ackPending && c.bw.Buffered() == c.ackBytes }
 
 // closeLocked ends the connection; wmu held. The reader sees the closed
 // socket and returns.
@@ -129,6 +152,9 @@ func (c *conn) closeLocked() {
 		return
 	}
 	c.closed = true
+	if c.ackTimer != nil {
+		c.ackTimer.Stop()
+	}
 	c.end()
 	c.raw.Close()
 }
@@ -307,13 +333,36 @@ func (c *conn) onPing(f *http2.PingFrame) bool {
 	}
 	c.lastPing = now
 	c.lock()
-	defer c.unlock()
 	if c.pingStrikes > 2 {
 		c.goAwayLocked(http2.ErrCodeEnhanceYourCalm, "too_many_pings")
+		c.unlock()
 		return false
 	}
+	// The ack waits for the next answer's flush, or the timer's, unless
+	// something else is buffered already: that goes out now, with it.
+	wait := c.bw.Buffered() == 0 || c.onlyAcks()
 	_ = c.fr.WritePing(true, f.Data)
+	if wait && !c.closed {
+		c.ackPending, c.ackBytes = true, c.bw.Buffered()
+		if !c.ackArmed {
+			c.ackArmed = true
+			if c.ackTimer == nil {
+				c.ackTimer = time.AfterFunc(pingAckDelay, c.flushAcks)
+			} else {
+				c.ackTimer.Reset(pingAckDelay)
+			}
+		}
+	}
+	c.unlock()
 	return true
+}
+
+// flushAcks sends the PING acks onPing left buffered, unless an answer
+// took them out already.
+func (c *conn) flushAcks() {
+	c.lock()
+	c.ackArmed, c.ackPending = false, false
+	c.unlock()
 }
 
 func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) bool {

@@ -541,3 +541,63 @@ func TestUnmarshalHook(t *testing.T) {
 		t.Errorf("hook called %d times, want 2", calls.Load())
 	}
 }
+
+// TestPingAck: a PING is acknowledged with its data whether or not an
+// answer follows to carry the ack out (the ack waits at most pingAckDelay
+// in the write buffer for one).
+func TestPingAck(t *testing.T) {
+	_, addr := start(t, Options{}, &testService{})
+	r := rawDial(t, addr)
+	r.fr.WritePing(false, [8]byte{'a', 'l', 'o', 'n', 'e'})
+	r.bw.Flush()
+	for {
+		f, err := r.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no PING ack before %v", err)
+		}
+		if p, ok := f.(*http2.PingFrame); ok {
+			if !p.IsAck() || string(p.Data[:5]) != "alone" {
+				t.Fatalf("PING %+v, want the ack of ours", p)
+			}
+			break
+		}
+	}
+	// A probe, then a call, as gRPC clients send them: the ack and the
+	// answer both arrive.
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/inference.GRPCInferenceService/ServerReady"}, {"content-type", "application/grpc"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	r.fr.WritePing(false, [8]byte{'p', 'r', 'o', 'b', 'e'})
+	r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true})
+	r.fr.WriteData(1, true, []byte{0, 0, 0, 0, 0}) // an empty ServerReadyRequest
+	r.bw.Flush()
+	var acked, answered bool
+	for !acked || !answered {
+		f, err := r.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("acked %v, answered %v before %v", acked, answered, err)
+		}
+		switch f := f.(type) {
+		case *http2.PingFrame:
+			acked = acked || f.IsAck() && string(f.Data[:5]) == "probe"
+		case *http2.MetaHeadersFrame:
+			if f.StreamEnded() {
+				answered = true
+				if st := headerValue(f, "grpc-status"); st != "0" {
+					t.Fatalf("answer trailers grpc-status %q, want 0", st)
+				}
+			}
+		}
+	}
+}
+
+func headerValue(f *http2.MetaHeadersFrame, name string) string {
+	for _, hf := range f.RegularFields() {
+		if hf.Name == name {
+			return hf.Value
+		}
+	}
+	return ""
+}
