@@ -105,6 +105,7 @@ func New(opts Options) (*Server, error) {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
 		grpc.InTapHandle(s.svc.admit),
+		grpc.ForceServerCodecV2(newRequestCodec(s.svc.schema)),
 		grpc.ChainStreamInterceptor(s.endStreamsOnDrain),
 	}
 	if opts.TLSCert != "" {

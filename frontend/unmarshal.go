@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -179,3 +182,30 @@ func (d *requestDecoder) str(b []byte) (string, bool) {
 	}
 	return string(b), true
 }
+
+// requestCodec is grpc-go's protobuf codec with requestDecoder for
+// ModelInfer requests: the grpc transport's share of what the decoder
+// saves.
+type requestCodec struct {
+	dec  *requestDecoder
+	base encoding.CodecV2 // grpc-go's "proto"
+}
+
+func newRequestCodec(s *schema) requestCodec {
+	return requestCodec{dec: newRequestDecoder(s), base: encoding.GetCodecV2(grpcproto.Name)}
+}
+
+func (c requestCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+
+func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	req, ok := v.(*inference.ModelInferRequest)
+	if !ok {
+		return c.base.Unmarshal(data, v)
+	}
+	// grpc-go reuses data's buffers once this returns, and the decoded
+	// request aliases its message: it gets a copy of its own (proto.Unmarshal
+	// would copy the raw contents, most of it, anyway).
+	return c.dec.Unmarshal(data.Materialize(), req)
+}
+
+func (requestCodec) Name() string { return grpcproto.Name }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -135,5 +136,46 @@ func TestRequestDecoderFastPath(t *testing.T) {
 	}
 	if req.Inputs[0].Name != inputDense || req.Inputs[1].Datatype != typeINT32 || req.ModelName != DefaultModelName {
 		t.Errorf("decoded %v", req)
+	}
+}
+
+// TestRequestCodec: the grpc transport's codec decodes requests that
+// arrive split over several buffers, keeps nothing of them (grpc-go
+// reuses them), and leaves other messages to grpc-go's own codec.
+func TestRequestCodec(t *testing.T) {
+	opts, err := Options{Model: testConfig(), Backend: newFakeBackend(), MaxBatch: testMaxBatch}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	codec := newRequestCodec(newSchema(opts))
+	dense, sparse := inputs(3)
+	want := rawRequest(dense, sparse, 3, false)
+	data, err := codec.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := data.Materialize()
+	data.Free()
+	half := len(b) / 2
+	first, second := append([]byte(nil), b[:half]...), append([]byte(nil), b[half:]...)
+	var got inference.ModelInferRequest
+	if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(first), mem.SliceBuffer(second)}, &got); err != nil {
+		t.Fatal(err)
+	}
+	clear(first) // as grpc-go's pool would reuse them
+	clear(second)
+	if !proto.Equal(&got, want) {
+		t.Fatalf("decoded %v, want %v", &got, want)
+	}
+	var ready inference.ServerReadyResponse
+	rb, err := codec.Marshal(&inference.ServerReadyResponse{Ready: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := codec.Unmarshal(rb, &ready); err != nil || !ready.Ready {
+		t.Fatalf("ServerReadyResponse through the codec: %v, %v", &ready, err)
+	}
+	if codec.Name() != "proto" {
+		t.Errorf("codec named %q, want proto", codec.Name())
 	}
 }
