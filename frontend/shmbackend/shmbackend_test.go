@@ -360,6 +360,12 @@ func TestCorruptCompletionRingGivenUp(t *testing.T) {
 
 // TestCallAllocations: a call through the backend allocates nothing.
 func TestCallAllocations(t *testing.T) {
+	if raceEnabled {
+		// Under the race detector a call that waits for its completion
+		// (one whose process lost the core meanwhile: a loaded machine)
+		// counts an allocation per park, the detector's own.
+		t.Skip("allocation counts under the race detector are its own")
+	}
 	dir := t.TempDir()
 	startFakeMesh(t, dir, 0.5)
 	b := newBackend(t, dir)

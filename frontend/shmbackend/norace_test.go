@@ -1,0 +1,5 @@
+//go:build !race
+
+package shmbackend
+
+const raceEnabled = false
