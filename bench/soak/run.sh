@@ -44,6 +44,15 @@
 # probes saw, and a line before the last gives the worst stall, the
 # minutes with a stall over 10 ms on either CPU, and the p99 range over
 # the other minutes.
+#
+# A neighbour can also slow the mesh without taking a CPU from it, by
+# loading the host's memory: the hostbound tables are read at random, so
+# every lookup waits on cache misses. The load generator's CPU probe also
+# times dependent loads through SOAK_MEMORY_PROBE_MIB (default 256) MiB
+# every 100 ms (loadgen -memory-probe-mib; 0 turns it off), each minute's
+# line gives their median and 90th-percentile latency, and the line before
+# the last the correlation across minutes of p99 with that 90th
+# percentile: near 1, the tail followed the host's memory, not the mesh.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: run.sh BIN_DIR BUNDLE OUT_DIR [MINUTES]" >&2; exit 2; }
 BIN=$1 BUNDLE=$2 OUT=$3 MINUTES=${4:-30} MODE=${5:-slo}
@@ -56,7 +65,7 @@ if [ "$(nproc)" -ge 2 ]; then
 	CLIENT_PIN=(-cpus "$CLIENT_CPUS")
 	# The first CPU of each: a stall probe per CPU costs a wake-up a
 	# millisecond there.
-	STALL=(-stall-cpus "${SERVER_CPUS%%[,-]*},${CLIENT_CPUS%%[,-]*}")
+	STALL=(-stall-cpus "${SERVER_CPUS%%[,-]*},${CLIENT_CPUS%%[,-]*}" -memory-probe-mib "${SOAK_MEMORY_PROBE_MIB:-256}")
 fi
 "${SERVER_PIN[@]}" "$BIN/recmesh" run --bundle "$BUNDLE" --port "$PORT" --segment "recmesh-soak-$$" --batch-mode "$MODE" >"$OUT/mesh.log" 2>&1 &
 MESH=$!
@@ -108,6 +117,8 @@ import json, sys
 p = json.load(open(sys.argv[1]))
 s = p["summary"]
 host = "".join(f", CPU {st['cpu']} stall max {st['max_delay_ms']:.1f} ms steal {st['steal_pct']:.1f} %"
+               + (f", memory load p50 {st['memory']['load_ns_p50']:.0f} ns p90 {st['memory']['load_ns_p90']:.0f} ns"
+                  if st.get("memory") else "")
                for st in p["runs"][0].get("stalls") or [])
 print(f"soak: minute {sys.argv[2]}: {s['requests_per_s']:.0f} requests/s, p99 {s['p99_ms']:.2f} ms, "
       f"errors {s['errors']}, mesh PSS {s['server_peak_pss_bytes'] / 2**20:.0f} MiB{host}", flush=True)
@@ -134,6 +145,15 @@ if all(stalls):
           f"stall_ms_max={max(st['max_delay_ms'] for st in every):.1f} "
           f"minutes_with_stalls_over_10ms={sum(stalled)} "
           f"steal_pct_max={max(st['steal_pct'] for st in every):.1f}; the other {len(calm)} minutes: {rng}")
+    mem = [next((st["memory"]["load_ns_p90"] for st in minute if st.get("memory")), None) for minute in stalls]
+    if all(x is not None for x in mem) and len(mem) > 2:
+        def corr(a, b):
+            ma, mb = sum(a) / len(a), sum(b) / len(b)
+            va = sum((x - ma) ** 2 for x in a)
+            vb = sum((y - mb) ** 2 for y in b)
+            return sum((x - ma) * (y - mb) for x, y in zip(a, b)) / (va * vb) ** 0.5 if va and vb else float("nan")
+        print(f"soak: memory load_ns_p90_min={min(mem):.0f} load_ns_p90_max={max(mem):.0f} "
+              f"corr_p99_memory={corr(p99, mem):.2f} corr_p99_steal={corr(p99, [max(st['steal_pct'] for st in m) for m in stalls]):.2f}")
 print(f"soak: minutes={minutes} requests={req} errors={errors} rss_drift_pct={drift:.2f} "
       f"p99_ms_min={min(p99):.2f} p99_ms_max={max(p99):.2f}")
 PY

@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/recmesh/recmesh/bench/cpuset"
 )
@@ -29,14 +28,15 @@ type Process struct {
 	out   strings.Builder
 }
 
-// StartProcess starts `<this executable> stall-probe -cpu cpu`; the
-// executable must dispatch ProbeCommand to Command.
-func StartProcess(cpu int) (*Process, error) {
+// StartProcess starts `<this executable> stall-probe -cpu cpu
+// -memory-mib memoryMiB`; the executable must dispatch ProbeCommand to
+// Command.
+func StartProcess(cpu, memoryMiB int) (*Process, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("stall: find this executable: %w", err)
 	}
-	p := &Process{cmd: exec.Command(exe, ProbeCommand, "-cpu", strconv.Itoa(cpu))}
+	p := &Process{cmd: exec.Command(exe, ProbeCommand, "-cpu", strconv.Itoa(cpu), "-memory-mib", strconv.Itoa(memoryMiB))}
 	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
 		return nil, fmt.Errorf("stall: %w", err)
 	}
@@ -72,33 +72,37 @@ func Command(prog string, args []string, stdin io.Reader, stdout, stderr io.Writ
 	}
 	cpu := fs.Int("cpu", -1, "the `CPU` to watch")
 	period := fs.Duration("period", DefaultPeriod, "sleep between the probe's wake-ups")
+	memoryMiB := fs.Int("memory-mib", 0, "also time dependent loads through a buffer of this many `MiB` on the CPU (0: not)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%s: unexpected arguments %q", ProbeCommand, fs.Args())
 	}
-	return serve(*cpu, *period, stdin, stdout)
+	return serve(Options{CPU: *cpu, Period: *period, MemoryMiB: *memoryMiB}, stdin, stdout)
 }
 
-// serve watches cpu until in closes, then writes the report to out as
-// JSON.
-func serve(cpu int, period time.Duration, in io.Reader, out io.Writer) error {
+// serve watches the CPU of opts until in closes, then writes the report
+// to out as JSON.
+func serve(opts Options, in io.Reader, out io.Writer) error {
 	// No check against runtime.NumCPU: it counts the CPUs this process may
 	// use, and the probe starts with its parent's (perhaps others); a CPU
 	// the machine does not have fails the probe's pinning.
-	if cpu < 0 {
-		return fmt.Errorf("stall: CPU %d: want the CPU to watch", cpu)
+	if opts.CPU < 0 {
+		return fmt.Errorf("stall: CPU %d: want the CPU to watch", opts.CPU)
+	}
+	if opts.MemoryMiB < 0 {
+		return fmt.Errorf("stall: memory probe of %d MiB: want 0 (none) or more", opts.MemoryMiB)
 	}
 	// The probe's thread holds a P through its raw sleeps: give the
-	// goroutine that watches in another.
-	runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 2))
+	// goroutine that watches in, and the memory probe, their own.
+	runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 3))
 	stop := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(io.Discard, in)
 		close(stop)
 	}()
-	r, err := Run(Options{CPU: cpu, Period: period}, stop)
+	r, err := Run(opts, stop)
 	if err != nil {
 		return err
 	}
@@ -154,10 +158,17 @@ type Probes struct {
 
 // StartProbes starts a probe process on each of cpus; on an error the ones
 // already started are stopped. No cpus, no probes (and nothing to stop).
-func StartProbes(cpus []int) (*Probes, error) {
+// When memoryMiB is positive, the probe of the last CPU also runs the
+// memory-latency probe: a benchmark lists the server's CPU first and the
+// load generator's last, so the probe's loads never run on the server's.
+func StartProbes(cpus []int, memoryMiB int) (*Probes, error) {
 	ps := &Probes{}
-	for _, cpu := range cpus {
-		p, err := StartProcess(cpu)
+	for i, cpu := range cpus {
+		mib := 0
+		if i == len(cpus)-1 {
+			mib = memoryMiB
+		}
+		p, err := StartProcess(cpu, mib)
 		if err != nil {
 			_, _ = ps.Stop()
 			return nil, err

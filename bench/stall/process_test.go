@@ -12,7 +12,7 @@ import (
 // until stopped and hands back its report.
 func TestProcessReports(t *testing.T) {
 	cpu := allowedCPUs(t)[0]
-	p, err := StartProcess(cpu)
+	p, err := StartProcess(cpu, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,12 +27,15 @@ func TestProcessReports(t *testing.T) {
 	if r.CPU != cpu || r.WallS <= 0 || r.WallS > 5 || r.Wakeups < 20 || r.PeriodMs != 1 {
 		t.Fatalf("report %+v, want CPU %d, about 0.3 s of 1 ms wake-ups", r, cpu)
 	}
+	if r.Memory != nil {
+		t.Fatalf("memory report %+v from a probe started without one", r.Memory)
+	}
 }
 
 // TestProcessFailure: a probe that cannot pin itself fails, and Stop says
 // which probe.
 func TestProcessFailure(t *testing.T) {
-	p, err := StartProcess(1 << 20)
+	p, err := StartProcess(1<<20, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +45,7 @@ func TestProcessFailure(t *testing.T) {
 }
 
 func TestCommandFlags(t *testing.T) {
-	for _, args := range [][]string{{}, {"-cpu", "x"}, {"-cpu", "0", "extra"}} {
+	for _, args := range [][]string{{}, {"-cpu", "x"}, {"-cpu", "0", "extra"}, {"-cpu", "0", "-memory-mib", "-1"}} {
 		var out bytes.Buffer
 		if err := Command("prog", args, strings.NewReader(""), &out, io.Discard); err == nil {
 			t.Errorf("Command(%q) = nil, want an error", args)
@@ -67,22 +70,31 @@ func TestSummary(t *testing.T) {
 	}
 }
 
-// TestProbesStopOnce: a set of probes reports once per CPU, in order, and
-// a second Stop (a deferred clean-up) finds nothing left.
+// TestProbesStopOnce: a set of probes reports once per CPU, in order, the
+// last with the memory probe, and a second Stop (a deferred clean-up)
+// finds nothing left.
 func TestProbesStopOnce(t *testing.T) {
 	cpus := allowedCPUs(t)
 	want := []int{cpus[0], cpus[len(cpus)-1]}
-	ps, err := StartProbes(want)
+	ps, err := StartProbes(want, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	// Long enough for the memory probe to build its 4 MiB cycle and time
+	// a few bursts even on a loaded machine.
+	time.Sleep(600 * time.Millisecond)
 	rs, err := ps.Stop()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rs) != 2 || rs[0].CPU != want[0] || rs[1].CPU != want[1] {
 		t.Fatalf("reports %+v, want one for each of CPUs %v in order", rs, want)
+	}
+	if rs[0].Memory != nil {
+		t.Errorf("the first CPU's probe ran the memory probe: %+v", rs[0].Memory)
+	}
+	if m := rs[1].Memory; m == nil || m.BufferMiB != 4 || m.Bursts < 1 || !(m.LoadNsP50 > 0) || m.LoadNsMax < m.LoadNsP90 || m.LoadNsP90 < m.LoadNsP50 {
+		t.Errorf("the last CPU's memory report: %+v, want bursts over 4 MiB with ordered latencies", m)
 	}
 	if rs, err := ps.Stop(); rs != nil || err != nil {
 		t.Fatalf("second Stop = %v, %v, want nothing", rs, err)

@@ -17,6 +17,10 @@
 // The probe costs one short wake-up per period (1 ms by default) on the
 // CPU it watches.
 //
+// A probe may also time the host's memory (Options.MemoryMiB, memory.go):
+// a neighbour loading it slows a server of random table reads without
+// taking a CPU, which neither the wake-ups nor steal time show.
+//
 // A benchmark runs each probe in a process of its own (StartProcess, and
 // Command on the probe's side), so that the probe's thread shares no Go
 // scheduler with the load generator's goroutines.
@@ -53,6 +57,9 @@ type Options struct {
 	Period time.Duration
 	// ProcRoot is the proc filesystem's mount point (default /proc).
 	ProcRoot string
+	// MemoryMiB, when positive, also runs the memory-latency probe on
+	// the CPU over a buffer of that many MiB (Report.Memory).
+	MemoryMiB int
 }
 
 // Report is what a probe saw.
@@ -72,6 +79,8 @@ type Report struct {
 	// StealPct is the CPU's steal time over the window, in percent of the
 	// CPU's accounted time; -1 when /proc/stat could not be read.
 	StealPct float64 `json:"steal_pct"`
+	// Memory is what the memory-latency probe saw, when it ran.
+	Memory *MemoryReport `json:"memory,omitempty"`
 }
 
 // String is the report in one line.
@@ -80,8 +89,12 @@ func (r *Report) String() string {
 	if !r.RealTime {
 		prio = "normal priority"
 	}
-	return fmt.Sprintf("CPU %d stalls: max %.1f ms, %d wake-ups late by > 10 ms, %d by > 1 ms, of %d (%s probe); steal %.1f %%",
+	s := fmt.Sprintf("CPU %d stalls: max %.1f ms, %d wake-ups late by > 10 ms, %d by > 1 ms, of %d (%s probe); steal %.1f %%",
 		r.CPU, r.MaxDelayMs, r.LateOver10ms, r.LateOver1ms, r.Wakeups, prio, r.StealPct)
+	if r.Memory != nil {
+		s += "; " + r.Memory.String()
+	}
+	return s
 }
 
 // Run probes until stop is closed and returns what it saw. It locks the
@@ -110,6 +123,18 @@ func Run(opts Options, stop <-chan struct{}) (*Report, error) {
 
 	var stopped atomic.Bool
 	go func() { <-stop; stopped.Store(true) }()
+	type memResult struct {
+		r   *MemoryReport
+		err error
+	}
+	var memDone chan memResult
+	if opts.MemoryMiB > 0 {
+		memDone = make(chan memResult, 1)
+		go func() {
+			r, err := runMemory(opts.CPU, opts.MemoryMiB, MemoryInterval, &stopped)
+			memDone <- memResult{r, err}
+		}()
+	}
 
 	r := &Report{CPU: opts.CPU, RealTime: realtime, PeriodMs: float64(opts.Period) / float64(time.Millisecond)}
 	steal0, total0, statErr := readSteal(opts.ProcRoot, opts.CPU)
@@ -139,6 +164,13 @@ func Run(opts Options, stop <-chan struct{}) (*Report, error) {
 		if steal1, total1, err := readSteal(opts.ProcRoot, opts.CPU); err == nil && total1 > total0 {
 			r.StealPct = 100 * float64(steal1-steal0) / float64(total1-total0)
 		}
+	}
+	if memDone != nil {
+		m := <-memDone
+		if m.err != nil {
+			return nil, m.err
+		}
+		r.Memory = m.r
 	}
 	return r, nil
 }

@@ -730,7 +730,7 @@ func measure(ctx context.Context, pool loadgen.Client, w *loadgen.Workload, rc l
 		WindowStart: func() {
 			// The probes start first, so that their start-up is not in
 			// the load generator's CPU time.
-			probes, stallErr = stall.StartProbes(stallCPUs)
+			probes, stallErr = stall.StartProbes(stallCPUs, 0)
 			wall0, cpu0 = time.Now(), selfCPU()
 			mon, monErr = monitor.Start(monitor.Options{PIDs: []int{pid}, Descendants: true})
 		},

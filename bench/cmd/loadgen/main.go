@@ -18,7 +18,8 @@
 // over exactly each measured window. -stall-cpus watches CPUs (the
 // server's, the load generator's) for stalls that no process causes
 // (package stall) over the same window, so a tail that moved with the
-// machine can be told from one that moved with the server.
+// machine can be told from one that moved with the server;
+// -memory-probe-mib adds the host's memory latency to the last CPU's.
 package main
 
 import (
@@ -177,6 +178,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		monDescendants bool
 		monInterval    time.Duration
 		stallCPUList   string
+		memoryProbeMiB int
 		clientKind     string
 	)
 	fs := flag.NewFlagSet("loadgen run", flag.ContinueOnError)
@@ -205,6 +207,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.BoolVar(&monDescendants, "monitor-descendants", true, "also sample every descendant of -monitor-pids")
 	fs.DurationVar(&monInterval, "monitor-interval", monitor.DefaultInterval, "monitor sampling period")
 	fs.StringVar(&stallCPUList, "stall-cpus", "", "during each measured window, watch these CPUs (`list`: the server's, the load generator's) for stalls no process causes: a real-time thread pinned on each reports how late its 1 ms wake-ups come, beside the CPU's steal time")
+	fs.IntVar(&memoryProbeMiB, "memory-probe-mib", 0, "with -stall-cpus, the probe of the last CPU listed (the load generator's) also times dependent loads through a buffer of this many `MiB`, every 100 ms: the memory latency the host gives at the moment, which a neighbour's traffic moves without taking a CPU (0: not)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -214,6 +217,12 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	stallCPUs, err := stall.ParseCPUs(stallCPUList)
 	if err != nil {
 		return err
+	}
+	switch {
+	case memoryProbeMiB < 0:
+		return fmt.Errorf("-memory-probe-mib %d: want 0 (none) or a buffer size in MiB", memoryProbeMiB)
+	case memoryProbeMiB > 0 && len(stallCPUs) == 0:
+		return fmt.Errorf("-memory-probe-mib %d runs in a stall probe: give -stall-cpus too", memoryProbeMiB)
 	}
 	pinned, err := c.pin()
 	if err != nil {
@@ -277,7 +286,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			Mode: m, Concurrency: concurrency, Rate: rate, MaxOutstanding: maxOutstanding,
 			Warmup: warmup, Duration: duration, Timeout: timeout, Seed: seed + uint64(i),
 		}
-		rec, err := measure(ctx, conns, w, rc, pids, monDescendants, monInterval, stallCPUs)
+		rec, err := measure(ctx, conns, w, rc, pids, monDescendants, monInterval, stallCPUs, memoryProbeMiB)
 		if err != nil {
 			return fmt.Errorf("repeat %d: %w", i+1, err)
 		}
@@ -299,9 +308,10 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 // measure runs one repeat, with the monitor (when there are pids) and a
-// stall probe per CPU of stallCPUs over the measured window.
+// stall probe per CPU of stallCPUs (the last with the memory probe, when
+// memoryMiB > 0) over the measured window.
 func measure(ctx context.Context, conns loadgen.Client, w *loadgen.Workload, rc loadgen.Config,
-	pids []int, descendants bool, interval time.Duration, stallCPUs []int) (loadgen.RunRecord, error) {
+	pids []int, descendants bool, interval time.Duration, stallCPUs []int, memoryMiB int) (loadgen.RunRecord, error) {
 	var (
 		mon      *monitor.Monitor
 		rep      *monitor.Report
@@ -314,7 +324,7 @@ func measure(ctx context.Context, conns loadgen.Client, w *loadgen.Workload, rc 
 	defer func() { _, _ = probes.Stop() }()
 	var hooks loadgen.Hooks
 	hooks.WindowStart = func() {
-		probes, stallErr = stall.StartProbes(stallCPUs)
+		probes, stallErr = stall.StartProbes(stallCPUs, memoryMiB)
 		if len(pids) > 0 {
 			mon, monErr = monitor.Start(monitor.Options{PIDs: pids, Descendants: descendants, Interval: interval})
 		}

@@ -84,7 +84,8 @@ func TestRunOpenLoop(t *testing.T) {
 }
 
 // TestRunWatchesStalls: -stall-cpus runs a stall probe on each CPU over
-// each measured window and records what they saw beside the run.
+// each measured window, the last CPU's with the memory probe
+// (-memory-probe-mib), and records what they saw beside the run.
 func TestRunWatchesStalls(t *testing.T) {
 	srv := oiptest.Start(t, model.DLRMv2(model.DevVocabCap), oiptest.Options{})
 	path := filepath.Join(t.TempDir(), "stalls.json")
@@ -104,9 +105,12 @@ func TestRunWatchesStalls(t *testing.T) {
 		cpus += "," + fmt.Sprint(want[1])
 	}
 	out, err := runCLI(t, "run", "-target", srv.Addr, "-max-vocab", "1000", "-batch", "1", "-concurrency", "2",
-		"-warmup", "100ms", "-duration", "400ms", "-repeats", "2", "-pool", "4", "-stall-cpus", cpus, "-out", path)
+		"-warmup", "100ms", "-duration", "400ms", "-repeats", "2", "-pool", "4", "-stall-cpus", cpus, "-memory-probe-mib", "4", "-out", path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := strings.Count(out, "memory load latency p50 "); got != 2 {
+		t.Errorf("%d memory latency reports in the output, want one per run:\n%s", got, out)
 	}
 	if got := strings.Count(out, fmt.Sprintf("host: CPU %d stalls: max ", want[0])); got != 2 {
 		t.Errorf("%d host lines for CPU %d in the output, want one per run", got, want[0])
@@ -124,6 +128,9 @@ func TestRunWatchesStalls(t *testing.T) {
 			// machine is very busy.
 			if st == nil || st.CPU != want[i] || st.Wakeups < 50 || st.WallS < 0.35 || st.StealPct < 0 {
 				t.Errorf("run %d: stalls of CPU %d: %+v", r.Repeat, want[i], st)
+			}
+			if last := i == len(want)-1; last != (st.Memory != nil) || last && (st.Memory.Bursts < 1 || st.Memory.BufferMiB != 4) {
+				t.Errorf("run %d: memory probe of CPU %d: %+v, want one over 4 MiB on the last CPU only", r.Repeat, want[i], st.Memory)
 			}
 		}
 	}
@@ -173,6 +180,8 @@ func TestBadArguments(t *testing.T) {
 		{"run", "-bundle", "/nonexistent"},
 		{"run", "-stall-cpus", "4096"},
 		{"run", "-stall-cpus", "zero"},
+		{"run", "-memory-probe-mib", "-1", "-stall-cpus", "0"},
+		{"run", "-memory-probe-mib", "64"},
 		{"stall-probe"},
 		{"stall-probe", "-cpu", "4096"},
 	} {
