@@ -53,6 +53,9 @@
 # line gives their median and 90th-percentile latency, and the line before
 # the last the correlation across minutes of p99 with that 90th
 # percentile: near 1, the tail followed the host's memory, not the mesh.
+# The same line gives the server CPU's compute speed (the stall probe's
+# timed kernel, package stall) and its correlation with p99: a core the
+# host slows, by its clock or by another guest on its hardware thread.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: run.sh BIN_DIR BUNDLE OUT_DIR [MINUTES]" >&2; exit 2; }
 BIN=$1 BUNDLE=$2 OUT=$3 MINUTES=${4:-30} MODE=${5:-slo}
@@ -117,6 +120,7 @@ import json, sys
 p = json.load(open(sys.argv[1]))
 s = p["summary"]
 host = "".join(f", CPU {st['cpu']} stall max {st['max_delay_ms']:.1f} ms steal {st['steal_pct']:.1f} %"
+               + (f" compute p50 {st['compute']['ns_p50']:.0f} ns" if st.get("compute") else "")
                + (f", memory load p50 {st['memory']['load_ns_p50']:.0f} ns p90 {st['memory']['load_ns_p90']:.0f} ns"
                   if st.get("memory") else "")
                for st in p["runs"][0].get("stalls") or [])
@@ -152,8 +156,11 @@ if all(stalls):
             va = sum((x - ma) ** 2 for x in a)
             vb = sum((y - mb) ** 2 for y in b)
             return sum((x - ma) * (y - mb) for x, y in zip(a, b)) / (va * vb) ** 0.5 if va and vb else float("nan")
+        comp = [minute[0].get("compute", {}).get("ns_p50", 0) for minute in stalls]
         print(f"soak: memory load_ns_p90_min={min(mem):.0f} load_ns_p90_max={max(mem):.0f} "
-              f"corr_p99_memory={corr(p99, mem):.2f} corr_p99_steal={corr(p99, [max(st['steal_pct'] for st in m) for m in stalls]):.2f}")
+              f"server_cpu_compute_ns_p50_min={min(comp):.0f} server_cpu_compute_ns_p50_max={max(comp):.0f} "
+              f"corr_p99_memory={corr(p99, mem):.2f} corr_p99_compute={corr(p99, comp):.2f} "
+              f"corr_p99_steal={corr(p99, [max(st['steal_pct'] for st in m) for m in stalls]):.2f}")
 print(f"soak: minutes={minutes} requests={req} errors={errors} rss_drift_pct={drift:.2f} "
       f"p99_ms_min={min(p99):.2f} p99_ms_max={max(p99):.2f}")
 PY

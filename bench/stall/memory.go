@@ -139,11 +139,17 @@ func runMemory(cpu, mib int, interval time.Duration, stop *atomic.Bool) (*Memory
 // summarizeMemory reduces the bursts' nanoseconds per load to a report.
 func summarizeMemory(mib int, per []float64) *MemoryReport {
 	r := &MemoryReport{BufferMiB: mib, Bursts: len(per)}
-	if len(per) == 0 {
-		return r
-	}
-	slices.Sort(per)
-	at := func(q float64) float64 { return per[min(len(per)-1, int(q*float64(len(per))))] }
-	r.LoadNsP50, r.LoadNsP90, r.LoadNsMax = at(0.5), at(0.9), per[len(per)-1]
+	r.LoadNsP50, r.LoadNsP90, r.LoadNsMax = quantiles(per)
 	return r
+}
+
+// quantiles sorts v and returns its median, 90th percentile and maximum;
+// zeros for none.
+func quantiles(v []float64) (p50, p90, mx float64) {
+	if len(v) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(v)
+	at := func(q float64) float64 { return v[min(len(v)-1, int(q*float64(len(v))))] }
+	return at(0.5), at(0.9), v[len(v)-1]
 }

@@ -69,3 +69,19 @@ func TestRunMemory(t *testing.T) {
 	}
 	t.Logf("%s", r)
 }
+
+// TestComputeKernel: the kernel is deterministic (the same work every
+// time) and the probe's report orders its quantiles.
+func TestComputeKernel(t *testing.T) {
+	if computeKernel(7) != computeKernel(7) || computeKernel(7) == computeKernel(8) {
+		t.Fatal("the compute kernel is not a function of its seed")
+	}
+	d, _ := timeCompute(1)
+	if d <= 0 || d > time.Second {
+		t.Fatalf("kernel took %v", d)
+	}
+	r := summarizeCompute([]float64{300, 100, 200})
+	if r.Samples != 3 || r.NsP50 != 200 || r.NsP90 != 300 || r.NsMax != 300 {
+		t.Fatalf("summary %+v", r)
+	}
+}

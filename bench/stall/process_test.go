@@ -30,6 +30,9 @@ func TestProcessReports(t *testing.T) {
 	if r.Memory != nil {
 		t.Fatalf("memory report %+v from a probe started without one", r.Memory)
 	}
+	if c := r.Compute; c == nil || int64(c.Samples) != r.Wakeups/computeEvery || !(c.NsP50 > 0) || c.NsP90 < c.NsP50 || c.NsMax < c.NsP90 {
+		t.Fatalf("compute report %+v, want one sample every %d of %d wake-ups, ordered", c, computeEvery, r.Wakeups)
+	}
 }
 
 // TestProcessFailure: a probe that cannot pin itself fails, and Stop says

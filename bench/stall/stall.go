@@ -79,6 +79,11 @@ type Report struct {
 	// StealPct is the CPU's steal time over the window, in percent of the
 	// CPU's accounted time; -1 when /proc/stat could not be read.
 	StealPct float64 `json:"steal_pct"`
+	// Compute is what the compute-speed probe saw (compute.go).
+	Compute *ComputeReport `json:"compute,omitempty"`
+	// computeCheck is the compute kernel's last result, kept so that the
+	// compiler cannot drop the kernel; it means nothing.
+	computeCheck uint64
 	// Memory is what the memory-latency probe saw, when it ran.
 	Memory *MemoryReport `json:"memory,omitempty"`
 }
@@ -91,6 +96,9 @@ func (r *Report) String() string {
 	}
 	s := fmt.Sprintf("CPU %d stalls: max %.1f ms, %d wake-ups late by > 10 ms, %d by > 1 ms, of %d (%s probe); steal %.1f %%",
 		r.CPU, r.MaxDelayMs, r.LateOver10ms, r.LateOver1ms, r.Wakeups, prio, r.StealPct)
+	if r.Compute != nil && r.Compute.Samples > 0 {
+		s += "; " + r.Compute.String()
+	}
 	if r.Memory != nil {
 		s += "; " + r.Memory.String()
 	}
@@ -141,11 +149,19 @@ func Run(opts Options, stop <-chan struct{}) (*Report, error) {
 	start := time.Now()
 	var maxLate time.Duration
 	deadline := start.Add(opts.Period)
+	var (
+		computeNs []float64
+		sink      uint64
+	)
 	for !stopped.Load() {
 		sleepUntil(deadline)
 		now := time.Now()
 		late := now.Sub(deadline)
 		r.Wakeups++
+		if r.Wakeups%computeEvery == 0 {
+			d, v := timeCompute(sink)
+			computeNs, sink = append(computeNs, float64(d.Nanoseconds())), v
+		}
 		maxLate = max(maxLate, late)
 		if late > time.Millisecond {
 			r.LateOver1ms++
@@ -158,6 +174,8 @@ func Run(opts Options, stop <-chan struct{}) (*Report, error) {
 		deadline = now.Add(opts.Period)
 	}
 	r.WallS = time.Since(start).Seconds()
+	r.Compute = summarizeCompute(computeNs)
+	r.computeCheck = sink
 	r.MaxDelayMs = float64(maxLate) / float64(time.Millisecond)
 	r.StealPct = -1
 	if statErr == nil {
