@@ -39,7 +39,8 @@ func (c *ComputeReport) String() string {
 }
 
 // computeKernel runs the fixed arithmetic from seed and returns its
-// result, which the caller keeps so that the compiler cannot drop it.
+// result, which the caller feeds into the next run so that the compiler
+// cannot drop it.
 //
 //go:noinline
 func computeKernel(seed uint64) uint64 {
