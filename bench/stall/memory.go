@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -101,9 +100,11 @@ func (c cycle) walk(at uint64, n int) uint64 {
 	return at
 }
 
-// runMemory times a burst of dependent loads every interval until stop is
-// set, on a thread pinned to cpu at normal priority.
-func runMemory(cpu, mib int, interval time.Duration, stop *atomic.Bool) (*MemoryReport, error) {
+// runMemory builds its buffer on a thread pinned to cpu at normal
+// priority, closes ready, waits for begin, then times a burst of
+// dependent loads every interval until stop closes. A stop before begin
+// ends it with no bursts.
+func runMemory(cpu, mib int, interval time.Duration, ready chan<- struct{}, begin, stop <-chan struct{}) (*MemoryReport, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var set unix.CPUSet
@@ -121,19 +122,27 @@ func runMemory(cpu, mib int, interval time.Duration, stop *atomic.Bool) (*Memory
 		per []float64
 	)
 	at = c.walk(at, memoryLoads) // fault the first pages in untimed
+	close(ready)
+	select {
+	case <-begin:
+	case <-stop:
+		return summarizeMemory(mib, nil), nil
+	}
 	// At least one burst, however soon the stop came: a window shorter
-	// than the buffer's set-up still reports a latency.
+	// than a burst's interval still reports a latency.
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
 	for {
 		start := time.Now()
 		at = c.walk(at, memoryLoads)
 		per = append(per, float64(time.Since(start).Nanoseconds())/memoryLoads)
-		if stop.Load() {
-			break
+		select {
+		case <-stop:
+			runtime.KeepAlive(at)
+			return summarizeMemory(mib, per), nil
+		case <-tick.C:
 		}
-		time.Sleep(interval)
 	}
-	runtime.KeepAlive(at)
-	return summarizeMemory(mib, per), nil
 }
 
 // summarizeMemory reduces the bursts' nanoseconds per load to a report.

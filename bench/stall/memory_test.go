@@ -1,7 +1,6 @@
 package stall
 
 import (
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -49,25 +48,36 @@ func TestSummarizeMemory(t *testing.T) {
 	}
 }
 
-// TestRunMemory: the probe times bursts until stopped.
+// TestRunMemory: the probe sets its buffer up, waits to begin, then
+// times bursts until stopped; stopped before it begins, it times none.
 func TestRunMemory(t *testing.T) {
 	cpu := allowedCPUs(t)[0]
-	var stop atomic.Bool
-	done := make(chan *MemoryReport, 1)
-	go func() {
-		r, err := runMemory(cpu, 2, time.Millisecond, &stop)
-		if err != nil {
-			t.Error(err)
+	run := func(beginFirst bool) *MemoryReport {
+		ready, begin, stop := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		done := make(chan *MemoryReport, 1)
+		go func() {
+			r, err := runMemory(cpu, 2, time.Millisecond, ready, begin, stop)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- r
+		}()
+		<-ready
+		if beginFirst {
+			close(begin)
+			time.Sleep(200 * time.Millisecond)
 		}
-		done <- r
-	}()
-	time.Sleep(200 * time.Millisecond)
-	stop.Store(true)
-	r := <-done
-	if r == nil || r.Bursts < 5 || !(r.LoadNsP50 > 0) {
-		t.Fatalf("report %+v, want several timed bursts", r)
+		close(stop)
+		return <-done
 	}
-	t.Logf("%s", r)
+	if r := run(true); r == nil || r.Bursts < 5 || !(r.LoadNsP50 > 0) {
+		t.Fatalf("report %+v, want several timed bursts", r)
+	} else {
+		t.Logf("%s", r)
+	}
+	if r := run(false); r == nil || r.Bursts != 0 {
+		t.Fatalf("report %+v of a probe stopped before it began, want no bursts", r)
+	}
 }
 
 // TestComputeKernel: the kernel is deterministic (the same work every

@@ -1,6 +1,7 @@
 package stall
 
 import (
+	"bufio"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -8,8 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
-	"strings"
+	"time"
 
 	"github.com/recmesh/recmesh/bench/cpuset"
 )
@@ -18,20 +20,45 @@ import (
 // serves (with Command): `<binary> stall-probe -cpu N`.
 const ProbeCommand = "stall-probe"
 
+// ReadyTimeout bounds a probe's set-up: pinning, priority and the memory
+// probe's buffer (a few hundred MiB to fault in and link) on a loaded
+// machine.
+const ReadyTimeout = time.Minute
+
+// readyLine is what a probe process prints once it can watch at once;
+// beginLine is what its parent writes to begin the window.
+const (
+	readyLine = "ready\n"
+	beginLine = "begin\n"
+)
+
 // Process is a probe running in a process of its own: its real-time thread
 // and the raw sleeps it needs share no Go scheduler with the load
 // generator's goroutines, and an exit of the parent ends it (its stdin
 // closes).
 type Process struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   strings.Builder
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout *bufio.Reader
 }
 
 // StartProcess starts `<this executable> stall-probe -cpu cpu
-// -memory-mib memoryMiB`; the executable must dispatch ProbeCommand to
-// Command.
+// -memory-mib memoryMiB` and waits until it is set up (at most
+// ReadyTimeout); the executable must dispatch ProbeCommand to Command.
+// The probe watches from Begin to Stop.
 func StartProcess(cpu, memoryMiB int) (*Process, error) {
+	p, err := startProcess(cpu, memoryMiB)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.waitReady(ReadyTimeout); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// startProcess starts the probe without waiting for it.
+func startProcess(cpu, memoryMiB int) (*Process, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("stall: find this executable: %w", err)
@@ -40,7 +67,11 @@ func StartProcess(cpu, memoryMiB int) (*Process, error) {
 	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
 		return nil, fmt.Errorf("stall: %w", err)
 	}
-	p.cmd.Stdout = &p.out
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("stall: %w", err)
+	}
+	p.stdout = bufio.NewReader(stdout)
 	p.cmd.Stderr = os.Stderr
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("stall: start the probe of CPU %d: %w", cpu, err)
@@ -48,15 +79,57 @@ func StartProcess(cpu, memoryMiB int) (*Process, error) {
 	return p, nil
 }
 
-// Stop ends the probe (by closing its stdin) and returns its report.
+// waitReady waits for the probe's ready line; on a failure or a timeout
+// the probe is ended and the error names it.
+func (p *Process) waitReady(timeout time.Duration) error {
+	got := make(chan error, 1)
+	go func() {
+		line, err := p.stdout.ReadString('\n')
+		if err == nil && line != readyLine {
+			err = fmt.Errorf("printed %q before it was ready", line)
+		}
+		got <- err
+	}()
+	var err error
+	select {
+	case err = <-got:
+	case <-time.After(timeout):
+		_ = p.cmd.Process.Kill()
+		err = fmt.Errorf("not set up within %v", timeout)
+		<-got
+	}
+	if err == nil {
+		return nil
+	}
+	p.stdin.Close()
+	if werr := p.cmd.Wait(); werr != nil {
+		err = werr
+	}
+	return fmt.Errorf("stall: probe %v: %w", p.cmd.Args[1:], err)
+}
+
+// Begin starts the probe's window.
+func (p *Process) Begin() error {
+	if _, err := io.WriteString(p.stdin, beginLine); err != nil {
+		return fmt.Errorf("stall: begin probe %v: %w", p.cmd.Args[1:], err)
+	}
+	return nil
+}
+
+// Stop ends the probe (by closing its stdin) and returns its report: what
+// it saw from Begin, empty when it never began.
 func (p *Process) Stop() (*Report, error) {
 	p.stdin.Close()
+	out, readErr := io.ReadAll(p.stdout)
 	if err := p.cmd.Wait(); err != nil {
 		return nil, fmt.Errorf("stall: probe %v: %w", p.cmd.Args[1:], err)
 	}
+	if readErr != nil {
+		return nil, fmt.Errorf("stall: probe %v: read its report: %w", p.cmd.Args[1:], readErr)
+	}
 	var r Report
-	if err := json.Unmarshal([]byte(p.out.String()), &r); err != nil {
-		return nil, fmt.Errorf("stall: probe %v: read its report %q: %w", p.cmd.Args[1:], p.out.String(), err)
+	if err := json.Unmarshal(out, &r); err != nil {
+		return nil, fmt.Errorf("stall: probe %v: read its report %q: %w", p.cmd.Args[1:], out, err)
 	}
 	return &r, nil
 }
@@ -82,8 +155,9 @@ func Command(prog string, args []string, stdin io.Reader, stdout, stderr io.Writ
 	return serve(Options{CPU: *cpu, Period: *period, MemoryMiB: *memoryMiB}, stdin, stdout)
 }
 
-// serve watches the CPU of opts until in closes, then writes the report
-// to out as JSON.
+// serve sets a probe up on the CPU of opts, prints readyLine to out, and
+// watches from the first line read from in until in closes; then it
+// writes the report to out as JSON.
 func serve(opts Options, in io.Reader, out io.Writer) error {
 	// No check against runtime.NumCPU: it counts the CPUs this process may
 	// use, and the probe starts with its parent's (perhaps others); a CPU
@@ -97,14 +171,22 @@ func serve(opts Options, in io.Reader, out io.Writer) error {
 	// The probe's thread holds a P through its raw sleeps: give the
 	// goroutine that watches in, and the memory probe, their own.
 	runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 3))
-	stop := make(chan struct{})
+	begin, stop := make(chan struct{}), make(chan struct{})
 	go func() {
-		_, _ = io.Copy(io.Discard, in)
+		r := bufio.NewReader(in)
+		if _, err := r.ReadString('\n'); err == nil {
+			close(begin)
+			_, _ = io.Copy(io.Discard, r)
+		}
 		close(stop)
 	}()
-	r, err := Run(opts, stop)
+	var readyErr error
+	r, err := Run(opts, func() { _, readyErr = io.WriteString(out, readyLine) }, begin, stop)
 	if err != nil {
 		return err
+	}
+	if readyErr != nil {
+		return fmt.Errorf("stall: say ready: %w", readyErr)
 	}
 	return json.NewEncoder(out).Encode(r)
 }
@@ -156,26 +238,48 @@ type Probes struct {
 	procs []*Process
 }
 
-// StartProbes starts a probe process on each of cpus; on an error the ones
-// already started are stopped. No cpus, no probes (and nothing to stop).
+// StartProbes starts a probe process on each of cpus and waits until all
+// are set up (Begin starts their windows); on an error the ones already
+// started are stopped. No cpus, no probes (and nothing to stop).
 // When memoryMiB is positive, the probe of the last CPU also runs the
 // memory-latency probe: a benchmark lists the server's CPU first and the
 // load generator's last, so the probe's loads never run on the server's.
 func StartProbes(cpus []int, memoryMiB int) (*Probes, error) {
 	ps := &Probes{}
+	// All start at once, so that their set-ups overlap.
 	for i, cpu := range cpus {
 		mib := 0
 		if i == len(cpus)-1 {
 			mib = memoryMiB
 		}
-		p, err := StartProcess(cpu, mib)
+		p, err := startProcess(cpu, mib)
 		if err != nil {
 			_, _ = ps.Stop()
 			return nil, err
 		}
 		ps.procs = append(ps.procs, p)
 	}
+	for i, p := range ps.procs {
+		if err := p.waitReady(ReadyTimeout); err != nil {
+			ps.procs = slices.Delete(ps.procs, i, i+1)
+			_, _ = ps.Stop()
+			return nil, err
+		}
+	}
 	return ps, nil
+}
+
+// Begin starts every probe's window.
+func (ps *Probes) Begin() error {
+	if ps == nil {
+		return nil
+	}
+	for _, p := range ps.procs {
+		if err := p.Begin(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Stop ends every probe and returns their reports in the order of the

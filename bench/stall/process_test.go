@@ -8,23 +8,29 @@ import (
 	"time"
 )
 
-// TestProcessReports: a probe in a process of its own watches its CPU
-// until stopped and hands back its report.
+// TestProcessReports: a probe in a process of its own, once set up,
+// watches its CPU from Begin to Stop and hands back its report.
 func TestProcessReports(t *testing.T) {
 	cpu := allowedCPUs(t)[0]
 	p, err := StartProcess(cpu, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Set-up is done before StartProcess returns: the window is Begin to
+	// Stop, whatever the process's start-up cost.
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	const window = 300 * time.Millisecond
+	time.Sleep(window)
 	r, err := p.Stop()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s", r)
-	// The process's own start-up is in the sleep, so the window is
-	// shorter than it; 1 ms wake-ups give dozens at least.
-	if r.CPU != cpu || r.WallS <= 0 || r.WallS > 5 || r.Wakeups < 20 || r.PeriodMs != 1 {
+	// The begin line and the close of stdin reach the probe a little
+	// after they are sent; 1 ms wake-ups give dozens at least.
+	if r.CPU != cpu || r.WallS < 0.9*window.Seconds() || r.WallS > 5 || r.Wakeups < 20 || r.PeriodMs != 1 {
 		t.Fatalf("report %+v, want CPU %d, about 0.3 s of 1 ms wake-ups", r, cpu)
 	}
 	if r.Memory != nil {
@@ -35,15 +41,28 @@ func TestProcessReports(t *testing.T) {
 	}
 }
 
-// TestProcessFailure: a probe that cannot pin itself fails, and Stop says
-// which probe.
-func TestProcessFailure(t *testing.T) {
-	p, err := StartProcess(1<<20, 0)
+// TestProcessStoppedBeforeBegin: a probe stopped before its window began
+// reports nothing seen.
+func TestProcessStoppedBeforeBegin(t *testing.T) {
+	p, err := StartProcess(allowedCPUs(t)[0], 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Stop(); err == nil || !strings.Contains(err.Error(), "-cpu 1048576") {
-		t.Fatalf("Stop = %v, want an error naming the probe", err)
+	r, err := p.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Wakeups != 0 || r.WallS != 0 || r.Memory == nil || r.Memory.Bursts != 0 {
+		t.Fatalf("report %+v (memory %+v), want nothing seen", r, r.Memory)
+	}
+}
+
+// TestProcessFailure: a probe that cannot pin itself fails to start, and
+// the error says which probe.
+func TestProcessFailure(t *testing.T) {
+	p, err := StartProcess(1<<20, 0)
+	if err == nil || p != nil || !strings.Contains(err.Error(), "-cpu 1048576") {
+		t.Fatalf("StartProcess = %v, %v, want an error naming the probe", p, err)
 	}
 }
 
@@ -83,9 +102,10 @@ func TestProbesStopOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Long enough for the memory probe to build its 4 MiB cycle and time
-	// a few bursts even on a loaded machine.
-	time.Sleep(600 * time.Millisecond)
+	if err := ps.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
 	rs, err := ps.Stop()
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +123,9 @@ func TestProbesStopOnce(t *testing.T) {
 		t.Fatalf("second Stop = %v, %v, want nothing", rs, err)
 	}
 	var none *Probes
+	if err := none.Begin(); err != nil {
+		t.Fatalf("Begin on nil = %v", err)
+	}
 	if rs, err := none.Stop(); rs != nil || err != nil {
 		t.Fatalf("Stop on nil = %v, %v, want nothing", rs, err)
 	}

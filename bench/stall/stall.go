@@ -23,7 +23,10 @@
 //
 // A benchmark runs each probe in a process of its own (StartProcess, and
 // Command on the probe's side), so that the probe's thread shares no Go
-// scheduler with the load generator's goroutines.
+// scheduler with the load generator's goroutines. It starts the probes
+// before its warm-up, and they say when they are set up; Begin starts
+// their window and Stop ends it, so the report covers exactly the
+// benchmark's measured window.
 package stall
 
 import (
@@ -102,11 +105,17 @@ func (r *Report) String() string {
 	return s
 }
 
-// Run probes until stop is closed and returns what it saw. It locks the
-// calling goroutine to its thread for good (the thread is pinned and may
-// be real-time, so the runtime must not reuse it): call it on a goroutine
-// of its own, in a process with nothing else latency-sensitive to do.
-func Run(opts Options, stop <-chan struct{}) (*Report, error) {
+// Run sets a probe up on its CPU, calls ready (when not nil) once it can
+// watch at once, waits for begin to close, and probes until stop closes;
+// it returns what it saw between begin and stop. A stop before begin
+// ends it with an empty report. Set-up (pinning, priority, the memory
+// probe's buffer) can take a while on a loaded machine: the split lets a
+// benchmark start the probe before its measured window and begin it on
+// the window's first instant. Run locks the calling goroutine to its
+// thread for good (the thread is pinned and may be real-time, so the
+// runtime must not reuse it): call it on a goroutine of its own, in a
+// process with nothing else latency-sensitive to do.
+func Run(opts Options, ready func(), begin, stop <-chan struct{}) (*Report, error) {
 	if opts.Period <= 0 {
 		opts.Period = DefaultPeriod
 	}
@@ -135,10 +144,25 @@ func Run(opts Options, stop <-chan struct{}) (*Report, error) {
 	var memDone chan memResult
 	if opts.MemoryMiB > 0 {
 		memDone = make(chan memResult, 1)
+		memReady := make(chan struct{})
 		go func() {
-			r, err := runMemory(opts.CPU, opts.MemoryMiB, MemoryInterval, &stopped)
+			r, err := runMemory(opts.CPU, opts.MemoryMiB, MemoryInterval, memReady, begin, stop)
 			memDone <- memResult{r, err}
 		}()
+		select {
+		case <-memReady:
+		case m := <-memDone: // it returns before ready only on an error
+			return nil, m.err
+		}
+	}
+	if ready != nil {
+		ready()
+	}
+	began := true
+	select {
+	case <-begin:
+	case <-stop:
+		began = false
 	}
 
 	r := &Report{CPU: opts.CPU, RealTime: realtime, PeriodMs: float64(opts.Period) / float64(time.Millisecond)}
@@ -150,7 +174,7 @@ func Run(opts Options, stop <-chan struct{}) (*Report, error) {
 		computeNs []float64
 		sink      uint64 // each kernel's result seeds the next: none is dead code
 	)
-	for !stopped.Load() {
+	for began && !stopped.Load() {
 		sleepUntil(deadline)
 		now := time.Now()
 		late := now.Sub(deadline)
@@ -170,7 +194,9 @@ func Run(opts Options, stop <-chan struct{}) (*Report, error) {
 		// missed ones would only count the same stall again.
 		deadline = now.Add(opts.Period)
 	}
-	r.WallS = time.Since(start).Seconds()
+	if began {
+		r.WallS = time.Since(start).Seconds()
+	}
 	r.Compute = summarizeCompute(computeNs)
 	r.MaxDelayMs = float64(maxLate) / float64(time.Millisecond)
 	r.StealPct = -1

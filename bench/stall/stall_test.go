@@ -53,19 +53,26 @@ func allowedCPUs(t *testing.T) []int {
 	return cpuset.CPUs(set)
 }
 
-// probe runs Run on its own goroutine for d and returns its report.
+// probe runs Run on its own goroutine, begins it once it is ready, runs
+// during, and stops it d later; it returns the report.
 func probe(t *testing.T, opts Options, d time.Duration, during func()) *Report {
 	t.Helper()
-	stop := make(chan struct{})
+	ready, begin, stop := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	type result struct {
 		r   *Report
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		r, err := Run(opts, stop)
+		r, err := Run(opts, func() { close(ready) }, begin, stop)
 		done <- result{r, err}
 	}()
+	select {
+	case <-ready:
+	case res := <-done:
+		t.Fatalf("the probe ended before it was ready: %v", res.err)
+	}
+	close(begin)
 	if during != nil {
 		during()
 	}

@@ -724,13 +724,18 @@ func measure(ctx context.Context, pool loadgen.Client, w *loadgen.Workload, rc l
 		stalls       []*stall.Report
 		stallErr     error
 	)
-	// A cancelled run never reaches WindowEnd; the probes end anyway.
+	// The probes are set up before the warm-up, so that they watch from
+	// the window's first instant and their start-up is not in the load
+	// generator's CPU time. A cancelled run never reaches WindowEnd; they
+	// end anyway.
+	probes, err := stall.StartProbes(stallCPUs, 0)
+	if err != nil {
+		return loadgen.RunRecord{}, fmt.Errorf("stall probe: %w", err)
+	}
 	defer func() { _, _ = probes.Stop() }()
 	hooks := loadgen.Hooks{
 		WindowStart: func() {
-			// The probes start first, so that their start-up is not in
-			// the load generator's CPU time.
-			probes, stallErr = stall.StartProbes(stallCPUs, 0)
+			stallErr = probes.Begin()
 			wall0, cpu0 = time.Now(), selfCPU()
 			mon, monErr = monitor.Start(monitor.Options{PIDs: []int{pid}, Descendants: true})
 		},

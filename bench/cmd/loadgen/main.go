@@ -320,11 +320,17 @@ func measure(ctx context.Context, conns loadgen.Client, w *loadgen.Workload, rc 
 		stalls   []*stall.Report
 		stallErr error
 	)
-	// A cancelled run never reaches WindowEnd; the probes end anyway.
+	// The probes are set up before the warm-up, so that they watch from
+	// the window's first instant. A cancelled run never reaches
+	// WindowEnd; they end anyway.
+	probes, err := stall.StartProbes(stallCPUs, memoryMiB)
+	if err != nil {
+		return loadgen.RunRecord{}, fmt.Errorf("stall probe: %w", err)
+	}
 	defer func() { _, _ = probes.Stop() }()
 	var hooks loadgen.Hooks
 	hooks.WindowStart = func() {
-		probes, stallErr = stall.StartProbes(stallCPUs, memoryMiB)
+		stallErr = probes.Begin()
 		if len(pids) > 0 {
 			mon, monErr = monitor.Start(monitor.Options{PIDs: pids, Descendants: descendants, Interval: interval})
 		}
