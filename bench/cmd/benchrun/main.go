@@ -720,7 +720,6 @@ func measure(ctx context.Context, pool loadgen.Client, w *loadgen.Workload, rc l
 		monErr       error
 		cpu0, cpu1   float64
 		wall0, wall1 time.Time
-		probes       *stall.Probes
 		stalls       []*stall.Report
 		stallErr     error
 	)

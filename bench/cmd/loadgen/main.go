@@ -316,7 +316,6 @@ func measure(ctx context.Context, conns loadgen.Client, w *loadgen.Workload, rc 
 		mon      *monitor.Monitor
 		rep      *monitor.Report
 		monErr   error
-		probes   *stall.Probes
 		stalls   []*stall.Report
 		stallErr error
 	)
