@@ -80,6 +80,7 @@ type conn struct {
 	ackBytes   int
 	ackTimer   *time.Timer
 	ackArmed   bool
+	ackSince   time.Time // when the oldest ack still buffered was written
 }
 
 // pingAckDelay bounds how long a PING ack may wait in the write buffer for
@@ -89,7 +90,18 @@ type conn struct {
 // though the client's next request, and so another answer, usually
 // follows within a millisecond. Clients only time the ack to size their
 // windows, and keepalive waits seconds for it.
-const pingAckDelay = 5 * time.Millisecond
+//
+// While a call is in flight on the connection its answer is sure to come,
+// so the acks wait for it, up to pingAckMaxDelay: under load the answer
+// often takes longer than pingAckDelay (queueing), and with a timer of
+// 5 ms alone 0.3 writes per call at B_req 1, 64 clients, were acks flushed
+// on their own (9 % of a lean frontend's CPU). 25 ms is past the 20 ms
+// latency target: only an answer that has already missed it leaves its
+// acks to the timer.
+const (
+	pingAckDelay    = 5 * time.Millisecond
+	pingAckMaxDelay = 25 * time.Millisecond
+)
 
 // stream is one call.
 type stream struct {
@@ -343,6 +355,9 @@ func (c *conn) onPing(f *http2.PingFrame) bool {
 	wait := c.bw.Buffered() == 0 || c.onlyAcks()
 	_ = c.fr.WritePing(true, f.Data)
 	if wait && !c.closed {
+		if !c.ackPending {
+			c.ackSince = now
+		}
 		c.ackPending, c.ackBytes = true, c.bw.Buffered()
 		if !c.ackArmed {
 			c.ackArmed = true
@@ -358,9 +373,16 @@ func (c *conn) onPing(f *http2.PingFrame) bool {
 }
 
 // flushAcks sends the PING acks onPing left buffered, unless an answer
-// took them out already.
+// took them out already or a call in flight will (pingAckMaxDelay).
 func (c *conn) flushAcks() {
 	c.lock()
+	if c.ackPending && !c.closed && len(c.streams) > 0 {
+		if left := pingAckMaxDelay - time.Since(c.ackSince); left > 0 {
+			c.ackTimer.Reset(min(left, pingAckDelay))
+			c.wmu.Unlock() // unflushed: the acks wait for the answer
+			return
+		}
+	}
 	c.ackArmed, c.ackPending = false, false
 	c.unlock()
 }

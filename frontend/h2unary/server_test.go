@@ -593,6 +593,103 @@ func TestPingAck(t *testing.T) {
 	}
 }
 
+// TestPingAckWaitsForCallInFlight: while a call is in flight, a PING's
+// ack waits for its answer to carry it out, but no longer than
+// pingAckMaxDelay. Frames are timed as they arrive, and only lower bounds
+// are asserted: an ack that arrives before the answer is released must be
+// at least pingAckMaxDelay after the PING was sent, however slow the
+// machine.
+func TestPingAckWaitsForCallInFlight(t *testing.T) {
+	svc := &testService{hold: make(chan struct{}), started: make(chan struct{}, 2)}
+	_, addr := start(t, Options{}, svc)
+	r := rawDial(t, addr)
+	type arrival struct {
+		ack    bool // a PING ack, else the end of a call
+		at     time.Time
+		stream uint32
+	}
+	arrivals := make(chan arrival, 16)
+	go func() {
+		defer close(arrivals)
+		for {
+			f, err := r.fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			switch f := f.(type) {
+			case *http2.PingFrame:
+				if f.IsAck() {
+					arrivals <- arrival{ack: true, at: time.Now()}
+				}
+			case *http2.MetaHeadersFrame:
+				if f.StreamEnded() {
+					arrivals <- arrival{at: time.Now(), stream: f.StreamID}
+				}
+			}
+		}
+	}()
+	next := func() arrival {
+		t.Helper()
+		a, ok := <-arrivals
+		if !ok {
+			t.Fatal("connection ended")
+		}
+		return a
+	}
+	call := func(id uint32) {
+		t.Helper()
+		msg, err := proto.Marshal(echo(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hb bytes.Buffer
+		enc := hpack.NewEncoder(&hb)
+		for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/inference.GRPCInferenceService/ModelInfer"}, {"content-type", "application/grpc"}} {
+			enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+		r.fr.WriteData(id, true, append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...))
+		r.bw.Flush()
+		<-svc.started
+	}
+
+	// The answer comes after pingAckDelay: the ack rides out with it.
+	call(1)
+	sent := time.Now()
+	r.fr.WritePing(false, [8]byte{1})
+	r.bw.Flush()
+	time.Sleep(2 * pingAckDelay)
+	released := time.Now()
+	svc.hold <- struct{}{}
+	got := []arrival{next(), next()}
+	for _, a := range got {
+		if a.ack && a.at.Before(released) && a.at.Sub(sent) < pingAckMaxDelay {
+			t.Fatalf("ack %v after the PING, before the answer of the call in flight was released (want it with the answer, or after %v)", a.at.Sub(sent), pingAckMaxDelay)
+		}
+	}
+	if got[0].ack == got[1].ack || (!got[0].ack && got[0].stream != 1) || (!got[1].ack && got[1].stream != 1) {
+		t.Fatalf("arrivals %+v, want an ack and the end of call 1", got)
+	}
+
+	// The answer does not come: the ack goes out alone, after
+	// pingAckMaxDelay.
+	call(3)
+	sent = time.Now()
+	r.fr.WritePing(false, [8]byte{2})
+	r.bw.Flush()
+	a := next()
+	if !a.ack {
+		t.Fatalf("%+v before the ack: the call was held", a)
+	}
+	if waited := a.at.Sub(sent); waited < pingAckMaxDelay {
+		t.Fatalf("ack %v after the PING with a call in flight, want at least %v", waited, pingAckMaxDelay)
+	}
+	svc.hold <- struct{}{}
+	if a := next(); a.ack || a.stream != 3 {
+		t.Fatalf("%+v, want the end of call 3", a)
+	}
+}
+
 func headerValue(f *http2.MetaHeadersFrame, name string) string {
 	for _, hf := range f.RegularFields() {
 		if hf.Name == name {
