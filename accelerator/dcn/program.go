@@ -6,12 +6,14 @@ package dcn
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/gomlx/gopjrt/dtypes"
 	"github.com/gomlx/stablehlo"
 	"github.com/gomlx/stablehlo/types"
 	"github.com/gomlx/stablehlo/types/shapes"
 
+	"github.com/recmesh/recmesh/accelerator/stripdot"
 	"github.com/recmesh/recmesh/model"
 )
 
@@ -43,6 +45,17 @@ type Options struct {
 	// the MLPerf network 10–40 % slower at buckets 8 to 32, while without
 	// cross layers it ran 2–3× faster from bucket 16 up.
 	SplitFirstProduct bool
+	// PackedWeights adds, after the weights Params lists otherwise, a twin
+	// of every matrix whose columns come in whole 32-column strips, packed
+	// for package stripdot (named name+Strips). Every bucket's program
+	// takes the same arguments, so the twins are arguments of all of them;
+	// only programs built with StripDot read them.
+	PackedWeights bool
+	// StripDot computes each product with a packed twin as the custom call
+	// stripdot.Target instead of a dot_general: the same product, by a
+	// kernel that streams each weight once. It needs PackedWeights and a
+	// plugin with the handler registered (stripdot.Register).
+	StripDot bool
 }
 
 // splits reports whether the program splits the first product of cfg.
@@ -60,13 +73,18 @@ func PlainOptions() Options {
 }
 
 // Param is one weight argument of the program: rows [RowFrom, RowTo) of
-// the bundle's dense tensor Tensor, row-major, shaped Shape.
+// the bundle's dense tensor Tensor, row-major, shaped Shape; or, when
+// Packed, those rows packed as stripdot strips (Shape is the packed shape).
 type Param struct {
 	Name           string
 	Tensor         string
 	RowFrom, RowTo int
 	Shape          []int
+	Packed         bool
 }
+
+// Strips is the name suffix of a weight's packed twin.
+const Strips = ".strips"
 
 // Elements is the number of float32 values of the argument.
 func (p Param) Elements() int {
@@ -91,6 +109,28 @@ func (p Param) Slice(t []float32) ([]float32, error) {
 			p.Name, p.RowFrom, p.RowTo, cols, p.Tensor, len(t))
 	}
 	return t[from:to], nil
+}
+
+// Values returns the argument's values out of the whole tensor t: the
+// rows of Slice, packed into a new slice when the parameter is Packed.
+func (p Param) Values(t []float32) ([]float32, error) {
+	if !p.Packed {
+		return p.Slice(t)
+	}
+	if len(p.Shape) != 3 {
+		return nil, fmt.Errorf("dcn: parameter %s: packed shape %v, want [strips, rows, %d]", p.Name, p.Shape, stripdot.Width)
+	}
+	rows, cols := p.Shape[1], p.Shape[0]*p.Shape[2]
+	plain := Param{Name: p.Name, Tensor: p.Tensor, RowFrom: p.RowFrom, RowTo: p.RowTo, Shape: []int{rows, cols}}
+	src, err := plain.Slice(t)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, len(src))
+	if err := stripdot.Pack(out, src, rows, cols); err != nil {
+		return nil, fmt.Errorf("dcn: parameter %s: %w", p.Name, err)
+	}
+	return out, nil
 }
 
 // Suffixes of the two row blocks of a split first-product weight.
@@ -132,6 +172,16 @@ func Params(cfg model.Config, opts Options) []Param {
 		}
 		out = append(out, Param{Name: s.Name, Tensor: s.Name, RowFrom: 0, RowTo: rows, Shape: s.Shape})
 	}
+	if opts.PackedWeights {
+		for _, p := range out {
+			if len(p.Shape) == 2 && stripdot.Eligible(p.Shape[0], p.Shape[1]) {
+				twin := p
+				twin.Name, twin.Packed = p.Name+Strips, true
+				twin.Shape = stripdot.PackedShape(p.Shape[0], p.Shape[1])
+				out = append(out, twin)
+			}
+		}
+	}
 	return out
 }
 
@@ -159,6 +209,8 @@ type builder struct {
 	opts Options
 	fn   *stablehlo.Function
 	err  error
+	// strips maps a weight to its packed twin, for StripDot.
+	strips map[*stablehlo.Value]*stablehlo.Value
 }
 
 func (b *builder) keep(v *stablehlo.Value, err error) *stablehlo.Value {
@@ -175,11 +227,23 @@ func (b *builder) build(cfg model.Config, bucket int) ([]byte, error) {
 	dense := b.keep(b.fn.NamedInput("dense", shapes.Make(f32, bucket, cfg.NumDense)))
 	pooled := b.keep(b.fn.NamedInput("pooled", shapes.Make(f32, bucket, tables, cfg.EmbeddingDim)))
 	params := make(map[string]*stablehlo.Value)
-	for _, p := range Params(cfg, b.opts) {
+	list := Params(cfg, b.opts)
+	for _, p := range list {
 		params[p.Name] = b.keep(b.fn.NamedInput(stablehlo.NormalizeIdentifier(p.Name), shapes.Make(f32, p.Shape...)))
 	}
 	if b.err != nil {
 		return nil, b.err
+	}
+	if b.opts.StripDot {
+		if !b.opts.PackedWeights {
+			return nil, fmt.Errorf("StripDot needs PackedWeights")
+		}
+		b.strips = make(map[*stablehlo.Value]*stablehlo.Value)
+		for _, p := range list {
+			if p.Packed {
+				b.strips[params[strings.TrimSuffix(p.Name, Strips)]] = params[p.Name]
+			}
+		}
 	}
 
 	x := dense
@@ -247,8 +311,38 @@ func (b *builder) dot(x, w *stablehlo.Value) *stablehlo.Value {
 	if b.err != nil {
 		return nil
 	}
+	if packed := b.strips[w]; packed != nil {
+		return b.stripDot(x, packed, w.Shape().Dimensions[1])
+	}
 	return b.keep(stablehlo.DotGeneral(x, []int{1}, nil, w, []int{0}, nil).
 		Precision(b.opts.Precision, b.opts.Precision).Done())
+}
+
+// stripDot computes x·W as the custom call stripdot.Target on W's packed
+// twin. The custom call stands in for dot_general(x, packed) contracting
+// k, which computes the same [m, strips, 32] values: the builder emits that
+// dot_general for its shape inference and then turns the statement into
+// the custom call (the stablehlo package has no custom-call builder).
+func (b *builder) stripDot(x, packed *stablehlo.Value, n int) *stablehlo.Value {
+	y := b.keep(stablehlo.DotGeneral(x, []int{1}, nil, packed, []int{1}, nil).Done())
+	if b.err != nil {
+		return nil
+	}
+	stmt := b.fn.Statements[len(b.fn.Statements)-1]
+	if len(stmt.Outputs) != 1 || stmt.Outputs[0] != y {
+		b.err = fmt.Errorf("strip dot: the dot_general is not the last statement")
+		return nil
+	}
+	op := stmt.OpType
+	for op = 0; op.String() != "CustomCall"; op++ {
+		if op > 1000 {
+			b.err = fmt.Errorf("strip dot: the stablehlo package has no CustomCall op")
+			return nil
+		}
+	}
+	stmt.OpType = op
+	stmt.Attributes = map[string]any{"call_target_name": stripdot.Target, "api_version": int32(4)}
+	return b.keep(stablehlo.Reshape(y, shapes.Make(f32, x.Shape().Dimensions[0], n)))
 }
 
 // linear computes x·W + b with b broadcast over the batch.

@@ -1,9 +1,11 @@
 package dcn
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/recmesh/recmesh/accelerator/stripdot"
 	"github.com/recmesh/recmesh/model"
 )
 
@@ -115,5 +117,71 @@ func TestBuild(t *testing.T) {
 	}
 	if _, err := Build(model.DLRMv2(model.DevVocabCap), 0, DefaultOptions()); err == nil {
 		t.Fatal("bucket 0 built")
+	}
+}
+
+// TestStripDotProgram checks the packed twins and the custom calls: one
+// twin per matrix whose width is a whole number of strips, placed after
+// the plain weights (so every program keeps the same argument order), each
+// packing its own rows, and one custom call per product that has a twin.
+func TestStripDotProgram(t *testing.T) {
+	for _, cfg := range configs(t) {
+		opts := DefaultOptions()
+		opts.PackedWeights = true
+		plain := Params(cfg, DefaultOptions())
+		withTwins := Params(cfg, opts)
+		if !slices.EqualFunc(plain, withTwins[:len(plain)], func(a, b Param) bool { return a.Name == b.Name }) {
+			t.Fatalf("%s: packed twins changed the plain weights' order", cfg.Name)
+		}
+		twins := 0
+		for _, p := range plain {
+			if len(p.Shape) == 2 && p.Shape[1]%stripdot.Width == 0 {
+				twins++
+			}
+		}
+		if got := len(withTwins) - len(plain); got != twins || twins == 0 {
+			t.Fatalf("%s: %d packed twins, want %d (> 0)", cfg.Name, got, twins)
+		}
+		for _, p := range withTwins[len(plain):] {
+			if !p.Packed || !strings.HasSuffix(p.Name, Strips) || len(p.Shape) != 3 || p.Shape[2] != stripdot.Width {
+				t.Errorf("%s: twin %+v", cfg.Name, p)
+			}
+		}
+		opts.StripDot = true
+		text, err := Build(cfg, 4, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Count(string(text), `call_target_name = "`+stripdot.Target+`"`); got != twins {
+			t.Errorf("%s: %d custom calls, want one per twin (%d)", cfg.Name, got, twins)
+		}
+		opts.PackedWeights = false
+		if _, err := Build(cfg, 4, opts); err == nil || !strings.Contains(err.Error(), "PackedWeights") {
+			t.Errorf("%s: StripDot without PackedWeights: %v, want an error naming PackedWeights", cfg.Name, err)
+		}
+	}
+}
+
+// TestPackedValues checks that a packed parameter holds its rows of the
+// tensor in strip order.
+func TestPackedValues(t *testing.T) {
+	const rows, cols = 5, 64
+	w := make([]float32, rows*cols)
+	for i := range w {
+		w[i] = float32(i)
+	}
+	p := Param{Name: "w.pooled" + Strips, Tensor: "w", RowFrom: 2, RowTo: 5, Shape: stripdot.PackedShape(3, cols), Packed: true}
+	got, err := p.Values(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := 0; s < cols/stripdot.Width; s++ {
+		for i := 0; i < 3; i++ {
+			for j := 0; j < stripdot.Width; j++ {
+				if v, want := got[(s*3+i)*stripdot.Width+j], w[(2+i)*cols+s*stripdot.Width+j]; v != want {
+					t.Fatalf("strip %d row %d col %d = %v, want %v", s, i, j, v, want)
+				}
+			}
+		}
 	}
 }

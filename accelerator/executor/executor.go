@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/recmesh/recmesh/accelerator/dcn"
 	"github.com/recmesh/recmesh/accelerator/device"
+	"github.com/recmesh/recmesh/accelerator/stripdot"
 	"github.com/recmesh/recmesh/model"
 )
 
@@ -49,7 +51,48 @@ type Options struct {
 	// pages, which the program reads in place. It is the plain path of
 	// every other plugin.
 	CopyWeights bool
+	// StripDot says which buckets compute their products with package
+	// stripdot's custom call (CPU plugin with AVX-512F only). Default
+	// StripDotAuto.
+	StripDot StripDotMode
+	// StripDotMaxBucket is the largest bucket that may use the custom call.
+	// Default DefaultStripDotMaxBucket.
+	StripDotMaxBucket int
 }
+
+// StripDotMode selects the buckets whose programs call the strip kernel.
+type StripDotMode int
+
+const (
+	// StripDotAuto compiles both programs for every bucket up to
+	// StripDotMaxBucket, times them alternately at start-up and keeps the
+	// faster: where the kernel wins depends on the CPU's memory bandwidth
+	// against its arithmetic, which only a measurement on the host knows.
+	StripDotAuto StripDotMode = iota
+	// StripDotOff never uses the custom call.
+	StripDotOff
+	// StripDotOn uses it for every bucket up to StripDotMaxBucket (tests
+	// and benchmarks of the kernel itself).
+	StripDotOn
+)
+
+// ParseStripDotMode reads auto, off or on.
+func ParseStripDotMode(s string) (StripDotMode, error) {
+	switch s {
+	case "", "auto":
+		return StripDotAuto, nil
+	case "off":
+		return StripDotOff, nil
+	case "on":
+		return StripDotOn, nil
+	}
+	return 0, fmt.Errorf("strip dot mode %q: want auto, off or on", s)
+}
+
+// DefaultStripDotMaxBucket is the largest bucket considered for the strip
+// kernel by default: above it the product is bound by arithmetic, which
+// XLA's blocked kernel does better, not by streaming the weights.
+const DefaultStripDotMaxBucket = 64
 
 // Buckets returns the power-of-two buckets 1 … ≥maxBatch.
 func Buckets(maxBatch int) []int {
@@ -65,6 +108,7 @@ func Buckets(maxBatch int) []int {
 // Executor runs the DCNv2 program. Run calls are serialised: the device is
 // one, and the output staging buffer is shared.
 type Executor struct {
+	log     *slog.Logger // nil: discard
 	rt      *device.Runtime
 	cfg     model.Config
 	buckets []int
@@ -79,6 +123,8 @@ type Executor struct {
 	// scoresInPlace: Run reads the scores from the output buffer's memory
 	// (CPU, unless Options.CopyScores) instead of copying them out.
 	scoresInPlace bool
+	// stripDot[i] reports whether bucket i's program calls the strip kernel.
+	stripDot []bool
 
 	// CompileTime is the wall time to compile every bucket.
 	CompileTime time.Duration
@@ -106,6 +152,7 @@ func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Opt
 	}
 	cfg := bundle.Config
 	e := &Executor{
+		log:      opts.Log,
 		rt:       rt,
 		cfg:      cfg,
 		buckets:  Buckets(opts.MaxBatch),
@@ -113,51 +160,85 @@ func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Opt
 	}
 	e.scoresInPlace = e.zeroCopy && !opts.CopyScores
 	e.exes = make([]*pjrt.LoadedExecutable, len(e.buckets))
+	e.stripDot = make([]bool, len(e.buckets))
 	e.outBuf = make([]byte, e.MaxBucket()*4)
 
+	stripMax := e.stripDotBuckets(opts)
+	prog.PackedWeights = stripMax > 0
 	if err := e.uploadParams(bundle, prog, e.zeroCopy && !opts.CopyWeights); err != nil {
 		e.Close()
 		return nil, err
 	}
 
 	start := time.Now()
-	sem := make(chan struct{}, opts.CompileParallelism)
-	errs := make([]error, len(e.buckets))
-	var wg sync.WaitGroup
+	// strips[i] is bucket i's program with the strip kernel, compiled
+	// beside the plain one for the buckets up to stripMax.
+	strips := make([]*pjrt.LoadedExecutable, len(e.buckets))
+	type job struct {
+		i     int
+		strip bool
+	}
+	var jobs []job
 	for i, b := range e.buckets {
+		if b <= stripMax {
+			jobs = append(jobs, job{i, true})
+		}
+		if b > stripMax || opts.StripDot == StripDotAuto {
+			jobs = append(jobs, job{i, false})
+		}
+	}
+	sem := make(chan struct{}, opts.CompileParallelism)
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for j, jb := range jobs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
-				errs[i] = ctx.Err()
+				errs[j] = ctx.Err()
 				return
 			}
 			defer func() { <-sem }()
-			text, err := dcn.Build(cfg, b, prog)
+			b, o := e.buckets[jb.i], prog
+			o.StripDot = jb.strip
+			text, err := dcn.Build(cfg, b, o)
 			if err != nil {
-				errs[i] = err
+				errs[j] = err
 				return
 			}
 			t0 := time.Now()
 			exe, err := rt.Client.Compile().WithStableHLO(text).Done()
 			if err != nil {
-				errs[i] = fmt.Errorf("executor: compile bucket %d: %w", b, err)
+				errs[j] = fmt.Errorf("executor: compile bucket %d (strip dot %t): %w", b, jb.strip, err)
 				return
 			}
-			e.exes[i] = exe
+			if jb.strip {
+				strips[jb.i] = exe
+			} else {
+				e.exes[jb.i] = exe
+			}
 			if opts.Log != nil {
-				opts.Log.Debug("compiled bucket", "bucket", b, "seconds", time.Since(t0).Seconds())
+				opts.Log.Debug("compiled bucket", "bucket", b, "strip_dot", jb.strip, "seconds", time.Since(t0).Seconds())
 			}
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
+		for _, x := range strips {
+			if x != nil {
+				x.Destroy()
+			}
+		}
 		e.Close()
 		return nil, err
 	}
 	e.CompileTime = time.Since(start)
+	if err := e.chooseStripDot(strips, opts.Log); err != nil {
+		e.Close()
+		return nil, err
+	}
 	if opts.Log != nil {
 		opts.Log.Info("compiled DCNv2", "buckets", len(e.buckets), "max_bucket", e.MaxBucket(),
 			"seconds", e.CompileTime.Seconds(), "zero_copy_inputs", e.zeroCopy)
@@ -185,7 +266,7 @@ func (e *Executor) uploadParams(bundle *model.Bundle, prog dcn.Options, inPlace 
 		if int64(len(data)) != want[p.Tensor] {
 			return fmt.Errorf("executor: tensor %s has %d values, want %d", p.Tensor, len(data), want[p.Tensor])
 		}
-		if values[i], err = p.Slice(data); err != nil {
+		if values[i], err = p.Values(data); err != nil {
 			return fmt.Errorf("executor: %w", err)
 		}
 	}
@@ -208,6 +289,140 @@ func (e *Executor) uploadParams(bundle *model.Bundle, prog dcn.Options, inPlace 
 	e.args = make([]*pjrt.Buffer, dcn.ArgParams+len(e.params))
 	copy(e.args[dcn.ArgParams:], e.params)
 	return nil
+}
+
+// stripDotBuckets registers the strip kernel with the plugin when opts and
+// the plugin allow it, and returns the largest bucket that may use it (0:
+// none).
+func (e *Executor) stripDotBuckets(opts Options) int {
+	if opts.StripDot == StripDotOff || !e.zeroCopy {
+		return 0
+	}
+	max := opts.StripDotMaxBucket
+	if max <= 0 {
+		max = DefaultStripDotMaxBucket
+	}
+	reason := ""
+	switch {
+	case !stripdot.Supported():
+		reason = "the CPU lacks AVX-512F"
+	case e.rt.APIMajor != device.BindingAPIMajor || e.rt.APIMinor != device.BindingAPIMinor:
+		// The FFI extension's registration arguments changed layout
+		// between PJRT versions; only the one checked is used.
+		reason = fmt.Sprintf("PJRT API %d.%d, the kernel is registered only with %d.%d",
+			e.rt.APIMajor, e.rt.APIMinor, device.BindingAPIMajor, device.BindingAPIMinor)
+	default:
+		if err := stripdot.Register(e.rt.Plugin.Path()); err != nil {
+			reason = err.Error()
+		}
+	}
+	if reason != "" {
+		if e.log != nil {
+			e.log.Info("strip kernel not used", "reason", reason)
+		}
+		return 0
+	}
+	return max
+}
+
+// chooseStripDot settles, for each bucket compiled both ways, which
+// program serves it: the strip one (StripDotOn), or the faster of the two
+// over alternating timed runs (StripDotAuto). The other is destroyed.
+func (e *Executor) chooseStripDot(strips []*pjrt.LoadedExecutable, log *slog.Logger) error {
+	var in *Inputs
+	defer func() {
+		if in != nil {
+			in.Close()
+		}
+	}()
+	for i, strip := range strips {
+		if strip == nil {
+			continue
+		}
+		plain := e.exes[i]
+		if plain == nil { // StripDotOn
+			e.exes[i], e.stripDot[i] = strip, true
+			continue
+		}
+		b := e.buckets[i]
+		if in == nil {
+			var err error
+			if in, err = e.NewHostInputs(b); err != nil {
+				return err
+			}
+		} else if in.rows < b {
+			in.Close()
+			var err error
+			if in, err = e.NewHostInputs(b); err != nil {
+				in = nil
+				return err
+			}
+		}
+		plainTime, stripTime, err := e.race(i, plain, strip, in)
+		if err != nil {
+			strip.Destroy()
+			return fmt.Errorf("executor: time bucket %d: %w", b, err)
+		}
+		if stripTime < plainTime {
+			e.exes[i], e.stripDot[i] = strip, true
+			plain.Destroy()
+		} else {
+			strip.Destroy()
+		}
+		if log != nil {
+			log.Info("strip kernel timed", "bucket", b, "plain_ms", msec(plainTime), "strip_ms", msec(stripTime),
+				"strip_dot", e.stripDot[i])
+		}
+	}
+	return nil
+}
+
+// raceRounds is how many runs of each program the start-up comparison
+// times, alternating so that drift in the host's speed hits both alike.
+const raceRounds = 7
+
+// race times the two programs of bucket i and returns each one's median.
+func (e *Executor) race(i int, a, b *pjrt.LoadedExecutable, in *Inputs) (time.Duration, time.Duration, error) {
+	var ta, tb []time.Duration
+	for r := 0; r <= raceRounds; r++ {
+		for _, x := range []*pjrt.LoadedExecutable{a, b} {
+			t0 := time.Now()
+			outs, err := e.execute(x, in, i)
+			if err != nil {
+				return 0, 0, err
+			}
+			d := time.Since(t0)
+			for _, o := range outs {
+				o.Destroy()
+			}
+			if r == 0 {
+				continue // warm-up: first touch of the weights and code
+			}
+			if x == a {
+				ta = append(ta, d)
+			} else {
+				tb = append(tb, d)
+			}
+		}
+	}
+	return median(ta), median(tb), nil
+}
+
+func median(d []time.Duration) time.Duration {
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+func msec(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// StripDot reports whether the program of bucket b calls the strip kernel.
+func (e *Executor) StripDot(b int) bool {
+	for i, x := range e.buckets {
+		if x == b {
+			return e.stripDot[i]
+		}
+	}
+	return false
 }
 
 // smoke runs the smallest bucket once on zeros: a plugin whose ABI does not
@@ -273,23 +488,9 @@ func (e *Executor) Run(in *Inputs, n int, scores []float32) error {
 	if e.exes == nil {
 		return ErrClosed
 	}
-	var dense, pooled *pjrt.Buffer
-	if e.zeroCopy {
-		dense, pooled = in.views[idx][0], in.views[idx][1]
-	} else {
-		if dense, pooled, err = in.copyToDevice(e.rt.Client, e.cfg, bucket); err != nil {
-			return err
-		}
-		defer dense.Destroy()
-		defer pooled.Destroy()
-	}
-	e.args[dcn.ArgDense], e.args[dcn.ArgPooled] = dense, pooled
-	// Done returns once the execution has finished (it awaits the
-	// device's completion event).
-	outs, err := e.exes[idx].Execute(e.args...).DonateNone().Done()
-	e.args[dcn.ArgDense], e.args[dcn.ArgPooled] = nil, nil
+	outs, err := e.execute(e.exes[idx], in, idx)
 	if err != nil {
-		return fmt.Errorf("executor: execute bucket %d: %w", bucket, err)
+		return err
 	}
 	defer func() {
 		for _, o := range outs {
@@ -312,6 +513,32 @@ func (e *Executor) Run(in *Inputs, n int, scores []float32) error {
 	}
 	copy(scores[:n], unsafe.Slice((*float32)(unsafe.Pointer(&e.outBuf[0])), n))
 	return nil
+}
+
+// execute runs exe, the program of bucket index idx, on in's rows. Done
+// returns once the execution has finished (it awaits the device's
+// completion event). The caller destroys the outputs; e.mu is held or e is
+// not yet shared.
+func (e *Executor) execute(exe *pjrt.LoadedExecutable, in *Inputs, idx int) ([]*pjrt.Buffer, error) {
+	bucket := e.buckets[idx]
+	var dense, pooled *pjrt.Buffer
+	if e.zeroCopy {
+		dense, pooled = in.views[idx][0], in.views[idx][1]
+	} else {
+		var err error
+		if dense, pooled, err = in.copyToDevice(e.rt.Client, e.cfg, bucket); err != nil {
+			return nil, err
+		}
+		defer dense.Destroy()
+		defer pooled.Destroy()
+	}
+	e.args[dcn.ArgDense], e.args[dcn.ArgPooled] = dense, pooled
+	outs, err := exe.Execute(e.args...).DonateNone().Done()
+	e.args[dcn.ArgDense], e.args[dcn.ArgPooled] = nil, nil
+	if err != nil {
+		return nil, fmt.Errorf("executor: execute bucket %d: %w", bucket, err)
+	}
+	return outs, nil
 }
 
 // Close releases the executables and the weights.

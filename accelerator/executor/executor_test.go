@@ -11,6 +11,7 @@ import (
 	"github.com/recmesh/recmesh/accelerator/device"
 	"github.com/recmesh/recmesh/accelerator/executor"
 	"github.com/recmesh/recmesh/accelerator/parity"
+	"github.com/recmesh/recmesh/accelerator/stripdot"
 	"github.com/recmesh/recmesh/model"
 )
 
@@ -234,23 +235,31 @@ func TestOtherShapes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ex, err := executor.New(context.Background(), rt, bundle, executor.Options{MaxBatch: 16})
-		if err != nil {
-			t.Fatalf("%s: %v", cfg.Name, err)
-		}
-		defer ex.Close()
-		in, err := ex.NewHostInputs(ex.MaxBucket())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer in.Close()
-		for _, n := range []int{1, 5, 16} {
-			res, err := parity.Bucket(ex, ref, in, n, uint64(n))
+		// With the strip kernel on, some products of these networks have
+		// strips (widths 32k) and some do not (16, the rank 3): both kinds
+		// in one program.
+		for _, mode := range []executor.StripDotMode{executor.StripDotOff, executor.StripDotOn} {
+			ex, err := executor.New(context.Background(), rt, bundle, executor.Options{MaxBatch: 16, StripDot: mode})
 			if err != nil {
-				t.Fatalf("%s n=%d: %v", cfg.Name, n, err)
+				t.Fatalf("%s: %v", cfg.Name, err)
 			}
-			if res.MaxAbsDiff > 1e-4 {
-				t.Errorf("%s n=%d: max|Δ| = %g > 1e-4", cfg.Name, n, res.MaxAbsDiff)
+			defer ex.Close()
+			if want := mode == executor.StripDotOn && stripdot.Supported(); ex.StripDot(16) != want {
+				t.Errorf("%s mode %d: bucket 16 uses the strip kernel: %t, want %t", cfg.Name, mode, ex.StripDot(16), want)
+			}
+			in, err := ex.NewHostInputs(ex.MaxBucket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			for _, n := range []int{1, 5, 16} {
+				res, err := parity.Bucket(ex, ref, in, n, uint64(n))
+				if err != nil {
+					t.Fatalf("%s n=%d: %v", cfg.Name, n, err)
+				}
+				if res.MaxAbsDiff > 1e-4 {
+					t.Errorf("%s mode %d n=%d: max|Δ| = %g > 1e-4", cfg.Name, mode, n, res.MaxAbsDiff)
+				}
 			}
 		}
 	}
@@ -281,6 +290,7 @@ func TestFormulationsAgree(t *testing.T) {
 	}
 	defer rt.Close()
 	plain, def := dcn.PlainOptions(), dcn.DefaultOptions()
+	off := executor.StripDotOff
 	for _, cfg := range []model.Config{model.DLRMv2(model.DevVocabCap), hostbound} {
 		dir := t.TempDir()
 		if err := model.Export(context.Background(), dir, cfg, 5, nil); err != nil {
@@ -299,10 +309,14 @@ func TestFormulationsAgree(t *testing.T) {
 			name string
 			opts executor.Options
 		}{
-			{"plain+copy", executor.Options{MaxBatch: 128, Program: &plain, CopyScores: true, CopyWeights: true}},
-			{"plain", executor.Options{MaxBatch: 128, Program: &plain}},
-			{"default+copy", executor.Options{MaxBatch: 128, Program: &def, CopyScores: true, CopyWeights: true}},
-			{"default", executor.Options{MaxBatch: 128, Program: &def}},
+			{"plain+copy", executor.Options{MaxBatch: 128, Program: &plain, CopyScores: true, CopyWeights: true, StripDot: off}},
+			{"plain", executor.Options{MaxBatch: 128, Program: &plain, StripDot: off}},
+			{"default+copy", executor.Options{MaxBatch: 128, Program: &def, CopyScores: true, CopyWeights: true, StripDot: off}},
+			{"default", executor.Options{MaxBatch: 128, Program: &def, StripDot: off}},
+			// Every bucket by the strip kernel, its weights in the mapping
+			// and uploaded: only rounding may differ.
+			{"default+strip", executor.Options{MaxBatch: 128, Program: &def, StripDot: executor.StripDotOn, StripDotMaxBucket: 128}},
+			{"default+strip+copy", executor.Options{MaxBatch: 128, Program: &def, CopyWeights: true, StripDot: executor.StripDotOn, StripDotMaxBucket: 128}},
 		}
 		const n = 128
 		dense, sparse := model.RandomInputs(cfg, 11, n)
@@ -321,6 +335,9 @@ func TestFormulationsAgree(t *testing.T) {
 			copy(in.Dense(), dense)
 			if err := ref.Pool(sparse, n, in.Pooled()); err != nil {
 				t.Fatal(err)
+			}
+			if want := v.opts.StripDot == executor.StripDotOn && stripdot.Supported(); ex.StripDot(n) != want {
+				t.Errorf("%s %s: bucket %d uses the strip kernel: %t, want %t", cfg.Name, v.name, n, ex.StripDot(n), want)
 			}
 			scores[i] = make([]float32, n)
 			if err := ex.Run(in, n, scores[i]); err != nil {
@@ -359,6 +376,9 @@ func TestFormulationsAgree(t *testing.T) {
 			if scores[0][r] != scores[1][r] || scores[2][r] != scores[3][r] {
 				t.Fatalf("%s row %d: scores read in place differ from copied ones: plain %v/%v default %v/%v",
 					cfg.Name, r, scores[1][r], scores[0][r], scores[3][r], scores[2][r])
+			}
+			if scores[4][r] != scores[5][r] {
+				t.Fatalf("%s row %d: strip kernel reading weights in place gives %v, uploaded %v", cfg.Name, r, scores[4][r], scores[5][r])
 			}
 		}
 	}

@@ -47,6 +47,9 @@ type commonFlags struct {
 	bundle   string
 	maxBatch int
 	program  string
+	// stripDot and stripDotMax choose the buckets that run the strip kernel.
+	stripDot    string
+	stripDotMax int
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
@@ -55,6 +58,10 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.maxBatch, "max-batch", executor.DefaultMaxBatch, "largest batch bucket")
 	fs.StringVar(&c.program, "program", "default", "StableHLO formulation: default, or plain (the model's math\n"+
 		"transcribed op for op, the yardstick of the default one)")
+	fs.StringVar(&c.stripDot, "strip-dot", "auto", "small-batch products by recmesh's strip kernel (CPU plugin, AVX-512F):\n"+
+		"auto (time both programs of each bucket at start-up, keep the faster), on, or off")
+	fs.IntVar(&c.stripDotMax, "strip-dot-max-bucket", executor.DefaultStripDotMaxBucket,
+		"largest bucket that may use the strip kernel")
 	fs.Usage = func() { flagenv.Usage(fs) }
 }
 
@@ -82,6 +89,12 @@ func (c *commonFlags) validate() error {
 	}
 	if _, err := c.programOptions(); err != nil {
 		return err
+	}
+	if _, err := executor.ParseStripDotMode(c.stripDot); err != nil {
+		return fmt.Errorf("--strip-dot: %w", err)
+	}
+	if c.stripDotMax < 1 || c.stripDotMax > model.MaxBatchLimit {
+		return fmt.Errorf("--strip-dot-max-bucket %d: want 1..%d", c.stripDotMax, model.MaxBatchLimit)
 	}
 	if c.bundle == "" {
 		return fmt.Errorf("--bundle is empty: give a bundle directory (make run exports data/dlrm-cap1000)")
@@ -131,8 +144,9 @@ func (c commonFlags) programOptions() (*dcn.Options, error) {
 
 // executorOptions are the executor options the flags give.
 func (c commonFlags) executorOptions(log *slog.Logger) executor.Options {
-	prog, _ := c.programOptions() // checked by validate
-	return executor.Options{MaxBatch: c.maxBatch, Log: log, Program: prog}
+	prog, _ := c.programOptions()                      // checked by validate
+	strip, _ := executor.ParseStripDotMode(c.stripDot) // checked by validate
+	return executor.Options{MaxBatch: c.maxBatch, Log: log, Program: prog, StripDot: strip, StripDotMaxBucket: c.stripDotMax}
 }
 
 func (l *loaded) Close() {

@@ -1,0 +1,88 @@
+// Package stripdot owns the matrix product the accelerator runs for small
+// batches on the CPU plugin: x[m,k]·W[k,n] with W stored as 32-column
+// strips, so that each strip is one contiguous run of memory streamed once
+// per block of up to 12 rows. At the batch sizes a serving mesh sees under
+// a latency budget (1 to a few dozen examples) the dense network is bound by
+// reading its weights, and XLA's matrix-matrix kernel reads [k,n] weights
+// through a blocked copy that costs about twice the stream.
+//
+// The package has the packing and a plain Go reference (this file), the
+// AVX-512 kernel, and the XLA FFI handler with its registration through the
+// PJRT plugin's FFI extension (kernel_amd64.go, stripdot_amd64.c). A program
+// calls the handler as
+//
+//	stablehlo.custom_call @recmesh_strip_dot(x, packed) {api_version = 4}
+//	  : (tensor<m×k×f32>, tensor<s×k×32×f32>) -> tensor<m×s×32×f32>
+//
+// which computes exactly what dot_general(x, packed) contracting k computes.
+package stripdot
+
+import "fmt"
+
+// Width is the number of columns of a strip.
+const Width = 32
+
+// Target is the custom-call target name the handler is registered under.
+const Target = "recmesh_strip_dot"
+
+// Eligible reports whether a [k,n] weight can be packed: n must be a
+// multiple of Width.
+func Eligible(k, n int) bool { return k > 0 && n > 0 && n%Width == 0 }
+
+// PackedShape is the shape of the packed form of a [k,n] weight.
+func PackedShape(k, n int) []int { return []int{n / Width, k, Width} }
+
+// Pack writes w (k rows of n, row-major) into dst as strips:
+// dst[s][i][j] = w[i][s*Width+j].
+func Pack(dst, w []float32, k, n int) error {
+	if !Eligible(k, n) {
+		return fmt.Errorf("stripdot: cannot pack a [%d,%d] weight: columns must be a positive multiple of %d", k, n, Width)
+	}
+	if len(w) != k*n || len(dst) != k*n {
+		return fmt.Errorf("stripdot: pack [%d,%d]: weight has %d values and destination %d, want %d", k, n, len(w), len(dst), k*n)
+	}
+	for s := 0; s < n/Width; s++ {
+		strip := dst[s*k*Width : (s+1)*k*Width]
+		for i := 0; i < k; i++ {
+			copy(strip[i*Width:(i+1)*Width], w[i*n+s*Width:i*n+(s+1)*Width])
+		}
+	}
+	return nil
+}
+
+// checkShapes validates the arguments of a product.
+func checkShapes(x []float32, m, k int, packed []float32, n int, out []float32) error {
+	switch {
+	case m <= 0 || !Eligible(k, n):
+		return fmt.Errorf("stripdot: bad product shape m=%d k=%d n=%d (n a multiple of %d)", m, k, n, Width)
+	case len(x) < m*k:
+		return fmt.Errorf("stripdot: x has %d values, want %d", len(x), m*k)
+	case len(packed) < k*n:
+		return fmt.Errorf("stripdot: packed weights have %d values, want %d", len(packed), k*n)
+	case len(out) < m*n:
+		return fmt.Errorf("stripdot: out has room for %d values, want %d", len(out), m*n)
+	}
+	return nil
+}
+
+// Reference computes out[r][c] = Σ_i x[r][i]·W[i][c] from the packed
+// weights in plain Go: the yardstick of the kernel in tests.
+func Reference(x []float32, m, k int, packed []float32, n int, out []float32) error {
+	if err := checkShapes(x, m, k, packed, n, out); err != nil {
+		return err
+	}
+	for r := 0; r < m; r++ {
+		for s := 0; s < n/Width; s++ {
+			strip := packed[s*k*Width : (s+1)*k*Width]
+			var acc [Width]float32
+			for i := 0; i < k; i++ {
+				a := x[r*k+i]
+				for j, w := range strip[i*Width : (i+1)*Width] {
+					acc[j] += a * w
+				}
+			}
+			copy(out[r*n+s*Width:], acc[:])
+		}
+	}
+	return nil
+}
