@@ -125,6 +125,8 @@ type Executor struct {
 	scoresInPlace bool
 	// stripDot[i] reports whether bucket i's program calls the strip kernel.
 	stripDot []bool
+	// prog is the program options of the buckets without the strip kernel.
+	prog dcn.Options
 
 	// CompileTime is the wall time to compile every bucket.
 	CompileTime time.Duration
@@ -165,6 +167,7 @@ func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Opt
 
 	stripMax := e.stripDotBuckets(opts)
 	prog.PackedWeights = stripMax > 0
+	e.prog = prog
 	if err := e.uploadParams(bundle, prog, e.zeroCopy && !opts.CopyWeights); err != nil {
 		e.Close()
 		return nil, err
@@ -295,34 +298,38 @@ func (e *Executor) uploadParams(bundle *model.Bundle, prog dcn.Options, inPlace 
 // the plugin allow it, and returns the largest bucket that may use it (0:
 // none).
 func (e *Executor) stripDotBuckets(opts Options) int {
-	if opts.StripDot == StripDotOff || !e.zeroCopy {
+	if opts.StripDot == StripDotOff {
 		return 0
 	}
 	max := opts.StripDotMaxBucket
 	if max <= 0 {
 		max = DefaultStripDotMaxBucket
 	}
-	reason := ""
-	switch {
-	case !stripdot.Supported():
-		reason = "the CPU lacks AVX-512F"
-	case e.rt.APIMajor != device.BindingAPIMajor || e.rt.APIMinor != device.BindingAPIMinor:
-		// The FFI extension's registration arguments changed layout
-		// between PJRT versions; only the one checked is used.
-		reason = fmt.Sprintf("PJRT API %d.%d, the kernel is registered only with %d.%d",
-			e.rt.APIMajor, e.rt.APIMinor, device.BindingAPIMajor, device.BindingAPIMinor)
-	default:
-		if err := stripdot.Register(e.rt.Plugin.Path()); err != nil {
-			reason = err.Error()
-		}
-	}
-	if reason != "" {
+	if err := RegisterStripDot(e.rt); err != nil {
 		if e.log != nil {
-			e.log.Info("strip kernel not used", "reason", reason)
+			e.log.Info("strip kernel not used", "reason", err.Error())
 		}
 		return 0
 	}
 	return max
+}
+
+// RegisterStripDot registers package stripdot's handler with rt's plugin,
+// or says why it cannot: a CPU without AVX-512F, a plugin that is not the
+// CPU one, or one of another PJRT version than the checked one (the FFI
+// extension's registration arguments changed layout between versions).
+// Registering again is harmless.
+func RegisterStripDot(rt *device.Runtime) error {
+	switch {
+	case !stripdot.Supported():
+		return stripdot.ErrUnsupported
+	case rt.Client.Platform() != "cpu":
+		return fmt.Errorf("stripdot: platform %s: the kernel runs only on the CPU plugin", rt.Client.Platform())
+	case rt.APIMajor != device.BindingAPIMajor || rt.APIMinor != device.BindingAPIMinor:
+		return fmt.Errorf("stripdot: PJRT API %d.%d: the kernel is registered only with %d.%d",
+			rt.APIMajor, rt.APIMinor, device.BindingAPIMajor, device.BindingAPIMinor)
+	}
+	return stripdot.Register(rt.Plugin.Path())
 }
 
 // chooseStripDot settles, for each bucket compiled both ways, which
@@ -414,6 +421,13 @@ func median(d []time.Duration) time.Duration {
 }
 
 func msec(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// Program returns the options bucket b's program was built with.
+func (e *Executor) Program(b int) dcn.Options {
+	o := e.prog
+	o.StripDot = e.StripDot(b)
+	return o
+}
 
 // StripDot reports whether the program of bucket b calls the strip kernel.
 func (e *Executor) StripDot(b int) bool {

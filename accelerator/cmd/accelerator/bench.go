@@ -64,7 +64,7 @@ func runBench(ctx context.Context, args []string) error {
 		buckets = only.buckets
 	}
 	if *dump != "" {
-		if err := dumpPrograms(*dump, cfg, buckets, c); err != nil {
+		if err := dumpPrograms(*dump, ex, buckets); err != nil {
 			return err
 		}
 	}
@@ -105,17 +105,14 @@ func runBench(ctx context.Context, args []string) error {
 }
 
 // dumpPrograms writes the program of every bucket, as the executor
-// compiled it, to dir/recmesh_b<n>.mlir.
-func dumpPrograms(dir string, cfg model.Config, buckets []int, c commonFlags) error {
-	prog, err := c.programOptions()
-	if err != nil {
-		return err
-	}
+// compiled it (with the strip kernel where it chose it), to
+// dir/recmesh_b<n>.mlir.
+func dumpPrograms(dir string, ex *executor.Executor, buckets []int) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("--dump-program: %w", err)
 	}
 	for _, b := range buckets {
-		text, err := dcn.Build(cfg, b, *prog)
+		text, err := dcn.Build(ex.Config(), b, ex.Program(b))
 		if err != nil {
 			return err
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gomlx/gopjrt/pjrt"
 
+	"github.com/recmesh/recmesh/accelerator/executor"
 	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
 
@@ -68,6 +69,12 @@ func hloBench(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	defer rt.Close()
 	fmt.Fprintf(stdout, "hlo: plugin=%s api=%s xla_threads=%d cpu_device_count=%d\n", rt.PluginFile(), rt.APIVersion(), rt.Threads, rt.CPUDeviceCount)
+	// recmesh's programs may call the strip kernel; without it registered
+	// they would not compile. A module that calls it where it cannot be
+	// registered fails to compile with the reason below in the log.
+	if err := executor.RegisterStripDot(rt); err != nil {
+		fmt.Fprintf(os.Stderr, "hlobench: strip kernel not registered: %v\n", err)
+	}
 
 	mods := make([]*hloModule, len(programs))
 	defer func() {
