@@ -336,38 +336,41 @@ func RegisterStripDot(rt *device.Runtime) error {
 // program serves it: the strip one (StripDotOn), or the faster of the two
 // over alternating timed runs (StripDotAuto). The other is destroyed.
 func (e *Executor) chooseStripDot(strips []*pjrt.LoadedExecutable, log *slog.Logger) error {
-	var in *Inputs
+	// Whatever is still in strips when this returns was neither adopted
+	// nor destroyed (an error cut the race short).
 	defer func() {
-		if in != nil {
-			in.Close()
+		for _, x := range strips {
+			if x != nil {
+				x.Destroy()
+			}
 		}
 	}()
+	largest := 0
 	for i, strip := range strips {
 		if strip == nil {
 			continue
 		}
-		plain := e.exes[i]
-		if plain == nil { // StripDotOn
-			e.exes[i], e.stripDot[i] = strip, true
+		if e.exes[i] == nil { // StripDotOn: nothing to race
+			e.exes[i], e.stripDot[i], strips[i] = strip, true, nil
 			continue
 		}
-		b := e.buckets[i]
-		if in == nil {
-			var err error
-			if in, err = e.NewHostInputs(b); err != nil {
-				return err
-			}
-		} else if in.rows < b {
-			in.Close()
-			var err error
-			if in, err = e.NewHostInputs(b); err != nil {
-				in = nil
-				return err
-			}
+		largest = e.buckets[i]
+	}
+	if largest == 0 {
+		return nil
+	}
+	in, err := e.NewHostInputs(largest)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	for i, strip := range strips {
+		if strip == nil {
+			continue
 		}
+		plain, b := e.exes[i], e.buckets[i]
 		plainTime, stripTime, err := e.race(i, plain, strip, in)
 		if err != nil {
-			strip.Destroy()
 			return fmt.Errorf("executor: time bucket %d: %w", b, err)
 		}
 		if stripTime < plainTime {
@@ -376,6 +379,7 @@ func (e *Executor) chooseStripDot(strips []*pjrt.LoadedExecutable, log *slog.Log
 		} else {
 			strip.Destroy()
 		}
+		strips[i] = nil
 		if log != nil {
 			log.Info("strip kernel timed", "bucket", b, "plain_ms", msec(plainTime), "strip_ms", msec(stripTime),
 				"strip_dot", e.stripDot[i])
