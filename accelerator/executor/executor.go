@@ -238,7 +238,7 @@ func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Opt
 		return nil, err
 	}
 	e.CompileTime = time.Since(start)
-	if err := e.chooseStripDot(strips, opts.Log); err != nil {
+	if err := e.chooseStripDot(strips); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -301,9 +301,9 @@ func (e *Executor) stripDotBuckets(opts Options) int {
 	if opts.StripDot == StripDotOff {
 		return 0
 	}
-	max := opts.StripDotMaxBucket
-	if max <= 0 {
-		max = DefaultStripDotMaxBucket
+	limit := opts.StripDotMaxBucket
+	if limit <= 0 {
+		limit = DefaultStripDotMaxBucket
 	}
 	if err := RegisterStripDot(e.rt); err != nil {
 		if e.log != nil {
@@ -311,7 +311,7 @@ func (e *Executor) stripDotBuckets(opts Options) int {
 		}
 		return 0
 	}
-	return max
+	return limit
 }
 
 // RegisterStripDot registers package stripdot's handler with rt's plugin,
@@ -335,7 +335,7 @@ func RegisterStripDot(rt *device.Runtime) error {
 // chooseStripDot settles, for each bucket compiled both ways, which
 // program serves it: the strip one (StripDotOn), or the faster of the two
 // over alternating timed runs (StripDotAuto). The other is destroyed.
-func (e *Executor) chooseStripDot(strips []*pjrt.LoadedExecutable, log *slog.Logger) error {
+func (e *Executor) chooseStripDot(strips []*pjrt.LoadedExecutable) error {
 	// Whatever is still in strips when this returns was neither adopted
 	// nor destroyed (an error cut the race short).
 	defer func() {
@@ -380,8 +380,8 @@ func (e *Executor) chooseStripDot(strips []*pjrt.LoadedExecutable, log *slog.Log
 			strip.Destroy()
 		}
 		strips[i] = nil
-		if log != nil {
-			log.Info("strip kernel timed", "bucket", b, "plain_ms", msec(plainTime), "strip_ms", msec(stripTime),
+		if e.log != nil {
+			e.log.Info("strip kernel timed", "bucket", b, "plain_ms", msec(plainTime), "strip_ms", msec(stripTime),
 				"strip_dot", e.stripDot[i])
 		}
 	}
