@@ -73,13 +73,14 @@ func TestReferenceIsTheProduct(t *testing.T) {
 }
 
 // TestMultiplyMatchesReference runs the kernel over every row-block
-// remainder and a few depths, including the DLRM-DCNv2 shapes.
+// remainder and a few depths (one pass or several, with a short last one),
+// including the DLRM-DCNv2 shapes.
 func TestMultiplyMatchesReference(t *testing.T) {
 	if !Supported() {
 		t.Skip("CPU without AVX-512F: the kernel is never registered here")
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
-	shapes := []struct{ k, n int }{{1, 32}, {13, 512}, {100, 96}, {3456, 512}, {512, 3456}}
+	shapes := []struct{ k, n int }{{1, 32}, {13, 512}, {100, 96}, {600, 64}, {3456, 512}, {512, 3456}}
 	for _, sh := range shapes {
 		for _, m := range []int{1, 2, 3, 5, 8, 11, 12, 13, 16, 25, 32} {
 			if sh.k*sh.n > 1<<20 && m > 16 {
@@ -123,28 +124,35 @@ func TestMultiplyRejectsShortSlices(t *testing.T) {
 	}
 }
 
-// BenchmarkMultiply streams four distinct [2048,2048] weights, as the
-// dense network's layers do, at a few batch sizes.
+// BenchmarkMultiply runs the products of one DCNv2 forward pass of the
+// MLPerf network whose widths are multiples of 32 (three low-rank cross
+// layers over 3456 features, then the top MLP's first layers), each with its
+// own weights, at the buckets the accelerator runs.
 func BenchmarkMultiply(b *testing.B) {
 	if !Supported() {
 		b.Skip("CPU without AVX-512F")
 	}
 	rng := rand.New(rand.NewPCG(5, 6))
-	const k, n, layers = 2048, 2048, 4
-	ws := make([][]float32, layers)
-	for i := range ws {
-		ws[i] = randomMatrix(rng, k*n)
+	type layer struct {
+		k, n int
+		w    []float32
 	}
-	for _, m := range []int{1, 4, 16} {
+	var layers []layer
+	for _, kn := range [][2]int{{3456, 512}, {512, 3456}, {3456, 512}, {512, 3456}, {3456, 512}, {512, 3456},
+		{3456, 1024}, {1024, 1024}, {1024, 512}} {
+		layers = append(layers, layer{kn[0], kn[1], randomMatrix(rng, kn[0]*kn[1])})
+	}
+	for _, m := range []int{1, 16, 32, 64, 128} {
 		b.Run("m="+strconv.Itoa(m), func(b *testing.B) {
-			x, out := randomMatrix(rng, m*k), make([]float32, m*n)
+			x, out := randomMatrix(rng, m*3456), make([]float32, m*3456)
 			for b.Loop() {
-				for _, w := range ws {
-					if err := Multiply(x, m, k, w, n, out); err != nil {
+				for _, l := range layers {
+					if err := Multiply(x[:m*l.k], m, l.k, l.w, l.n, out[:m*l.n]); err != nil {
 						b.Fatal(err)
 					}
 				}
 			}
+			b.ReportMetric(float64(b.N)*float64(m)/b.Elapsed().Seconds(), "examples/s")
 		})
 	}
 }
