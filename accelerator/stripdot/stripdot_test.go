@@ -73,8 +73,7 @@ func TestReferenceIsTheProduct(t *testing.T) {
 }
 
 // TestMultiplyMatchesReference runs the kernel over every row-block
-// remainder and a few depths (one pass or several, with a short last one),
-// including the DLRM-DCNv2 shapes.
+// remainder and a few depths, including the DLRM-DCNv2 shapes.
 func TestMultiplyMatchesReference(t *testing.T) {
 	if !Supported() {
 		t.Skip("CPU without AVX-512F: the kernel is never registered here")
