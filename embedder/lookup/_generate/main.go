@@ -42,10 +42,12 @@ func main() {
 // by example, bag by bag, in table order); the kernel walks it twice at
 // once: the pooling cursor, which sums each bag in registers and stores the
 // pooled row once, and a prefetch cursor dist rows ahead, which issues a
-// PREFETCHT0 for every cache line of the row it points at. Keeping dist rows
+// PREFETCHT2 for every cache line of the row it points at. Keeping dist rows
 // of misses in flight is what turns a DRAM-latency bound loop into a
-// bandwidth bound one. Rows of a bag are added first to last, the order of
-// the plain-Go kernel, so results are bit-identical to it.
+// bandwidth bound one; prefetching into L2 rather than L1 keeps them from
+// holding the L1 fill buffers the loads need (see DefaultPrefetchRows).
+// Rows of a bag are added first to last, the order of the plain-Go kernel,
+// so results are bit-identical to it.
 func pool(v vector) {
 	TEXT(v.name, NOSPLIT, "func(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int)")
 	Pragma("noescape")
@@ -85,7 +87,7 @@ func pool(v vector) {
 		SHLQ(U8(rowShift), row)
 		ADDQ(Mem{Base: pos, Index: pp, Scale: 8}, row)
 		for off := 0; off < rowBytes; off += lineSize {
-			PREFETCHT0(Mem{Base: row, Disp: off})
+			PREFETCHT2(Mem{Base: row, Disp: off})
 		}
 		ADDQ(U8(4), pk)
 		INCQ(pp)
