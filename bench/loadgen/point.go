@@ -61,6 +61,10 @@ type Point struct {
 
 	Runs    []RunRecord `json:"runs"`
 	Summary Summary     `json:"summary"`
+	// SetAside are repeats measured again because the host stalled a
+	// watched CPU during them for longer than the caller allows (benchrun
+	// -stall-remeasure); they are kept here, not summarised.
+	SetAside []RunRecord `json:"set_aside,omitempty"`
 }
 
 // RunRecord is one repeat: the load generator's Result and, when server

@@ -45,17 +45,18 @@ func TestDefaultStallCPUs(t *testing.T) {
 	}
 }
 
-// TestMeasureWatchesStalls: with stall CPUs, every measured window has a
-// probe's report per CPU beside it, and the point's line names the worst.
-func TestMeasureWatchesStalls(t *testing.T) {
+// pointFixture starts an in-process server and a pool of conns lean
+// connections to it, with a small B_req 1 workload, and returns them with
+// the first CPU this test may use.
+func pointFixture(t *testing.T, conns int) (*oiptest.Server, loadgen.Client, *loadgen.Workload, int) {
+	t.Helper()
 	cfg := model.DLRMv2(model.DevVocabCap)
 	srv := oiptest.Start(t, cfg, oiptest.Options{})
-	ctx := context.Background()
-	pool, err := loadgen.Dial(ctx, loadgen.ClientLean, srv.Addr, oip.DefaultModelName, 2)
+	pool, err := loadgen.Dial(context.Background(), loadgen.ClientLean, srv.Addr, oip.DefaultModelName, conns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(func() { pool.Close() })
 	w, err := loadgen.NewWorkload(cfg, loadgen.WorkloadOptions{BatchSize: 1, Seed: 1, PoolRequests: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +65,14 @@ func TestMeasureWatchesStalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cpu := cpuset.CPUs(allowed)[0]
+	return srv, pool, w, cpuset.CPUs(allowed)[0]
+}
+
+// TestMeasureWatchesStalls: with stall CPUs, every measured window has a
+// probe's report per CPU beside it, and the point's line names the worst.
+func TestMeasureWatchesStalls(t *testing.T) {
+	ctx := context.Background()
+	srv, pool, w, cpu := pointFixture(t, 2)
 	var out strings.Builder
 	c := &config{out: &out, stallCPUs: []int{cpu}}
 	rc := loadgen.Config{Mode: loadgen.Closed, Concurrency: 2, Warmup: 50 * time.Millisecond, Duration: 300 * time.Millisecond, Timeout: 5 * time.Second}
@@ -216,5 +224,37 @@ func TestStrictCheck(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("strict error lacks %q:\n%v", want, err)
 		}
+	}
+}
+
+// TestPointSetsAsideStalledRepeats: a repeat whose probe saw a stall past
+// -stall-remeasure is kept aside and measured again, at most maxRemeasures
+// times, and the last measurement counts. Any real wake-up is a little
+// late, so a threshold of a nanosecond sets every window aside.
+func TestPointSetsAsideStalledRepeats(t *testing.T) {
+	ctx := context.Background()
+	srv, pool, w, cpu := pointFixture(t, 1)
+	var out strings.Builder
+	c := &config{out: &out, stallCPUs: []int{cpu}, stallRemeasure: time.Nanosecond}
+	rc := loadgen.Config{Mode: loadgen.Closed, Concurrency: 1, Warmup: 20 * time.Millisecond, Duration: 100 * time.Millisecond, Timeout: 5 * time.Second}
+	p, err := c.point(ctx, "test-arm", report.LabelClosed, &server{addr: srv.Addr, pid: os.Getpid()}, pool, w, rc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Runs) != 1 || len(p.SetAside) != maxRemeasures {
+		t.Fatalf("%d runs kept and %d set aside, want 1 and %d", len(p.Runs), len(p.SetAside), maxRemeasures)
+	}
+	if n := strings.Count(out.String(), "repeat 1 set aside, host stall "); n != maxRemeasures {
+		t.Errorf("output names %d set-aside repeats, want %d:\n%s", n, maxRemeasures, out.String())
+	}
+
+	// Off: nothing is set aside, whatever the stalls.
+	out.Reset()
+	c.stallRemeasure = 0
+	if p, err = c.point(ctx, "test-arm", report.LabelClosed, &server{addr: srv.Addr, pid: os.Getpid()}, pool, w, rc, 1); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Runs) != 1 || len(p.SetAside) != 0 || strings.Contains(out.String(), "set aside") {
+		t.Errorf("with -stall-remeasure 0: %d runs, %d set aside, output %q", len(p.Runs), len(p.SetAside), out.String())
 	}
 }
