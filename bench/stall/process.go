@@ -195,21 +195,29 @@ func serve(opts Options, in io.Reader, out io.Writer) error {
 // per-point output: ", host stall max <ms> ms (CPU <n>), steal max <pct> %";
 // empty for none.
 func Summary(reports []*Report) string {
-	var worst *Report
+	worst := Worst(reports)
 	steal := 0.0
 	for _, r := range reports {
-		if r == nil {
-			continue
+		if r != nil {
+			steal = max(steal, r.StealPct)
 		}
-		if worst == nil || r.MaxDelayMs > worst.MaxDelayMs {
-			worst = r
-		}
-		steal = max(steal, r.StealPct)
 	}
 	if worst == nil {
 		return ""
 	}
 	return fmt.Sprintf(", host stall max %.1f ms (CPU %d), steal max %.1f %%", worst.MaxDelayMs, worst.CPU, steal)
+}
+
+// Worst is the report with the longest stall among reports (nil entries
+// skipped), or nil when there is none.
+func Worst(reports []*Report) *Report {
+	var worst *Report
+	for _, r := range reports {
+		if r != nil && (worst == nil || r.MaxDelayMs > worst.MaxDelayMs) {
+			worst = r
+		}
+	}
+	return worst
 }
 
 // ParseCPUs reads a -stall-cpus list: CPUs this machine has (counted by

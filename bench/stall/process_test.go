@@ -90,6 +90,12 @@ func TestSummary(t *testing.T) {
 	if want := ", host stall max 12.5 ms (CPU 1), steal max 4.5 %"; got != want {
 		t.Errorf("Summary = %q, want %q", got, want)
 	}
+	if w := Worst([]*Report{nil, {CPU: 3, MaxDelayMs: 1}, {CPU: 2, MaxDelayMs: 7}}); w == nil || w.CPU != 2 {
+		t.Errorf("Worst = %+v, want CPU 2's report", w)
+	}
+	if w := Worst([]*Report{nil}); w != nil {
+		t.Errorf("Worst of no reports = %+v, want nil", w)
+	}
 }
 
 // TestProbesStopOnce: a set of probes reports once per CPU, in order, the

@@ -679,7 +679,7 @@ func (c *config) point(ctx context.Context, arm, label string, srv *server, pool
 				return nil, fmt.Errorf("%s %s B_req %d: %w", arm, label, w.BatchSize, err)
 			}
 			rec.Repeat = i + 1
-			worst := worstStall(rec.Stalls)
+			worst := stall.Worst(rec.Stalls)
 			if c.stallRemeasure <= 0 || worst == nil || worst.MaxDelayMs <= ms(c.stallRemeasure) || try == maxRemeasures {
 				p.Runs = append(p.Runs, rec)
 				break
@@ -707,18 +707,6 @@ func (c *config) point(ctx context.Context, arm, label string, srv *server, pool
 // maxRemeasures is how many times one repeat is measured again after host
 // stalls: a host that keeps stalling gets its stalls reported, not hidden.
 const maxRemeasures = 2
-
-// worstStall is the report of the longest stall among a window's probes,
-// or nil when none ran.
-func worstStall(reports []*stall.Report) *stall.Report {
-	var worst *stall.Report
-	for _, r := range reports {
-		if r != nil && (worst == nil || r.MaxDelayMs > worst.MaxDelayMs) {
-			worst = r
-		}
-	}
-	return worst
-}
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
