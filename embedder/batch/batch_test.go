@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -393,6 +394,53 @@ func TestCostsExec(t *testing.T) {
 	c.SetLookup(3 * time.Microsecond)
 	if got := c.Lookup(10); got != 30*time.Microsecond {
 		t.Errorf("Lookup(10) = %v", got)
+	}
+}
+
+// TestCostsExecMatchesDefinition checks the derived table against Exec's
+// definition, computed directly, over random sets of estimates (each
+// bucket known with probability one half, changed one at a time).
+func TestCostsExecMatchesDefinition(t *testing.T) {
+	want := func(exec *[maxBuckets]time.Duration, rows int) time.Duration {
+		if rows <= 0 {
+			return 0
+		}
+		i := 0
+		for 1<<i < rows && i < maxBuckets-1 {
+			i++
+		}
+		var least time.Duration
+		for j := i; j < maxBuckets; j++ {
+			if d := exec[j]; d > 0 && (least == 0 || d < least) {
+				least = d
+			}
+		}
+		if least > 0 {
+			return least
+		}
+		for j := i - 1; j >= 0; j-- {
+			if d := exec[j]; d > 0 {
+				return d * time.Duration(1<<(i-j))
+			}
+		}
+		return 0
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var c Costs
+	var exec [maxBuckets]time.Duration
+	for round := range 2000 {
+		i := rng.IntN(maxBuckets)
+		d := time.Duration(0)
+		if rng.IntN(2) == 0 {
+			d = time.Duration(1+rng.IntN(50_000)) * time.Microsecond
+		}
+		exec[i] = d
+		c.SetExec(1<<i, d)
+		for _, rows := range []int{0, 1, 2, 3, 4, 5, 100, 128, 129, 4096, 1 << 15, 1<<15 + 1, 100_000, rng.IntN(1 << 16)} {
+			if got, w := c.Exec(rows), want(&exec, rows); got != w {
+				t.Fatalf("round %d: Exec(%d) = %v, want %v (estimates %v)", round, rows, got, w, exec)
+			}
+		}
 	}
 }
 
