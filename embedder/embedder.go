@@ -624,12 +624,13 @@ func (w *worker) run(j job) {
 	tables := w.store.Tables
 	per := len(cfg.VocabSizes) * cfg.EmbeddingDim
 	out := j.b.pooled[j.row*per : (j.row+j.n)*per]
-	if err := tables.Validate(ids, j.n); err != nil {
-		j.b.status[j.entry].Store(uint32(shm.StatusInvalid))
-		return
-	}
+	// Pool checks every id before it reads a row.
 	if err := tables.Pool(out, ids, j.n); err != nil {
-		j.b.status[j.entry].Store(uint32(shm.StatusInternal))
+		st := shm.StatusInternal
+		if errors.Is(err, lookup.ErrBadID) {
+			st = shm.StatusInvalid
+		}
+		j.b.status[j.entry].Store(uint32(st))
 		return
 	}
 	nd := cfg.NumDense
