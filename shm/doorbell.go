@@ -125,7 +125,7 @@ func (d *Doorbell) Wait(ctx context.Context, cond func() bool, timeout time.Dura
 			return true, nil
 		}
 		d.sleeps.Add(1)
-		futexSleep(d.word, seq, left)
+		sleepOn(d.word, seq, left)
 		atomic.AddUint32(d.waiters, ^uint32(0))
 		if cond() {
 			return true, nil
