@@ -331,6 +331,9 @@ func writeEnv(b *strings.Builder, h string, r *Run) {
 	t.row("memory", mib(e.MemTotalBytes))
 	t.row("kernel", e.Kernel)
 	t.row("server CPUs (every arm)", orNone(e.ServerCPUs))
+	if e.ServerSched != "" {
+		t.row("server scheduling policy (every arm)", e.ServerSched)
+	}
 	t.row("load generator + monitor CPUs", orNone(e.ClientCPUs))
 	t.row("Go", e.GoVersion)
 	keys := make([]string, 0, len(e.Versions))

@@ -83,7 +83,10 @@ type Env struct {
 	// ServerCPUs and ClientCPUs are the pinning of the arms and of the
 	// load generator ("" when not pinned).
 	ServerCPUs string `json:"server_cpus"`
-	ClientCPUs string `json:"client_cpus"`
+	// ServerSched is the scheduling policy of every arm's processes
+	// (batch or other; empty in runs from before it was recorded).
+	ServerSched string `json:"server_sched,omitempty"`
+	ClientCPUs  string `json:"client_cpus"`
 	// Versions: Go of the runner and the mesh, the Python arms' stack and
 	// the PJRT plugin the accelerator loads.
 	GoVersion  string            `json:"go_version"`

@@ -84,23 +84,33 @@ func (s armSpec) batching() bool { return s.py == "py-batch" || s.py == "py-mp-b
 func (s armSpec) multi() bool { return s.py != "" && pyarm.MultiProcess(s.py) }
 
 // pinPrefix is the command an arm runs under to be pinned to the server
-// CPUs (nil when not pinning). taskset execs its command, so the arm's PID
-// is the server's own, and children inherit the affinity.
-func (c *config) pinPrefix() ([]string, error) {
-	if c.serverCPUs == "" {
-		return nil, nil
+// CPUs and, for the Python arms, put under the server scheduling policy
+// (nil when neither applies). taskset and chrt exec their command, so
+// the arm's PID is the server's own, and children inherit both. The mesh
+// chooses its policy itself (meshEnv).
+func (c *config) pinPrefix(python bool) ([]string, error) {
+	var prefix []string
+	if c.serverCPUs != "" {
+		path, err := exec.LookPath("taskset")
+		if err != nil {
+			return nil, fmt.Errorf("pinning the server to %s needs taskset (util-linux): %w", c.serverCPUs, err)
+		}
+		prefix = append(prefix, path, "-c", c.serverCPUs)
 	}
-	path, err := exec.LookPath("taskset")
-	if err != nil {
-		return nil, fmt.Errorf("pinning the server to %s needs taskset (util-linux): %w", c.serverCPUs, err)
+	if python && c.serverSched == "batch" {
+		path, err := exec.LookPath("chrt")
+		if err != nil {
+			return nil, fmt.Errorf("-server-sched batch needs chrt (util-linux): %w", err)
+		}
+		prefix = append(prefix, path, "--batch", "0")
 	}
-	return []string{path, "-c", c.serverCPUs}, nil
+	return prefix, nil
 }
 
 // startArm starts spec with n frontends (mesh) or processes (py-mp),
 // logging to logPath, and waits until it serves.
 func (c *config) startArm(ctx context.Context, spec armSpec, n int, logPath string) (*server, error) {
-	prefix, err := c.pinPrefix()
+	prefix, err := c.pinPrefix(!spec.mesh)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +212,8 @@ func (c *config) startMesh(ctx context.Context, spec armSpec, n int, prefix []st
 	// Every child of `recmesh run` gets this environment: port 0 gives each
 	// its own free metrics port, so nothing clashes with the fixed
 	// defaults (127.0.0.1:9102, :9103, :9110-9125) of a mesh already running.
-	cmd.Env = append(os.Environ(), "RECMESH_METRICS_ADDR=127.0.0.1:0", "RECMESH_TRANSPORT="+spec.transport)
+	cmd.Env = append(os.Environ(), "RECMESH_METRICS_ADDR=127.0.0.1:0", "RECMESH_TRANSPORT="+spec.transport,
+		"RECMESH_SCHED_BATCH="+strconv.FormatBool(c.serverSched == "batch"))
 	// Its own process group, so a stop that has to kill reaches the whole
 	// mesh; and SIGTERM if the runner dies first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}

@@ -23,18 +23,19 @@ import (
 func environment(c *config, cfg model.Config) report.Env {
 	host, _ := os.Hostname()
 	e := report.Env{
-		Host:       host,
-		CPUModel:   cpuModel(),
-		CPUs:       runtime.NumCPU(),
-		Kernel:     strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		ServerCPUs: c.serverCPUs,
-		ClientCPUs: c.clientCPUs,
-		GoVersion:  runtime.Version(),
-		Versions:   pythonVersions(c),
-		PJRTPlugin: pjrtPlugin(c.root),
-		Bundle:     c.bundle,
-		TableBytes: tableBytes(cfg),
-		MaxVocab:   cfg.MaxVocabSize,
+		Host:        host,
+		CPUModel:    cpuModel(),
+		CPUs:        runtime.NumCPU(),
+		Kernel:      strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
+		ServerCPUs:  c.serverCPUs,
+		ServerSched: c.serverSched,
+		ClientCPUs:  c.clientCPUs,
+		GoVersion:   runtime.Version(),
+		Versions:    pythonVersions(c),
+		PJRTPlugin:  pjrtPlugin(c.root),
+		Bundle:      c.bundle,
+		TableBytes:  tableBytes(cfg),
+		MaxVocab:    cfg.MaxVocabSize,
 	}
 	if kb, ok := meminfo("MemTotal"); ok {
 		e.MemTotalBytes = kb << 10

@@ -88,6 +88,9 @@ type config struct {
 	frontends              int
 	pyProcesses, pyWorkers int
 	serverCPUs, clientCPUs string
+	// serverSched is the scheduling policy every arm's processes run
+	// under: batch or other (see pinPrefix).
+	serverSched string
 	// stallCPUs are watched for host stalls over every measured window
 	// (package stall); none when empty.
 	stallCPUs []int
@@ -170,6 +173,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&c.pyProcesses, "py-processes", 2, "frontend processes of the multi-process Python arms")
 	fs.IntVar(&c.pyWorkers, "py-workers", 8, "gRPC worker threads per Python process")
 	fs.StringVar(&c.serverCPUs, "server-cpus", defServer, "CPU `list` every arm is pinned to (empty: not pinned)")
+	fs.StringVar(&c.serverSched, "server-sched", "batch", "scheduling `policy` of every arm's processes: batch (SCHED_BATCH, what recmesh's services choose by default: no wake-up preemption) or other (SCHED_OTHER: the mesh is run with RECMESH_SCHED_BATCH=false); the Python arms run under `chrt` with the same policy")
 	fs.StringVar(&c.clientCPUs, "client-cpus", defClient, "CPU `list` the load generator and monitor are pinned to (empty: not pinned)")
 	fs.StringVar(&stallCPUs, "stall-cpus", defaultStallCPUs(defServer, defClient), "CPU `list` watched for host stalls over every measured window, recorded with each run and printed per point: a real-time thread pinned on each reports how late its 1 ms wake-ups come, beside the CPU's steal time (empty: none)")
 	fs.DurationVar(&c.stallRemeasure, "stall-remeasure", 10*time.Millisecond, "set aside and measure again (at most twice) a repeat during which a watched CPU stalled longer than this: a window the host froze says nothing about the server (0: never)")
@@ -213,6 +217,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if _, err := cpuset.Parse(c.serverCPUs); err != nil {
 			return fmt.Errorf("-server-cpus: %w", err)
 		}
+	}
+	if c.serverSched != "batch" && c.serverSched != "other" {
+		return fmt.Errorf("-server-sched %q: want batch or other", c.serverSched)
 	}
 	var err error
 	if c.stallCPUs, err = stall.ParseCPUs(stallCPUs); err != nil {
