@@ -9,6 +9,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// SchedBatchUsage is the usage text of the services' --sched-batch flag,
+// which calls UseBatchScheduling.
+const SchedBatchUsage = "run this process's threads under SCHED_BATCH: the kernel then lets a running thread finish its work before it runs one it just woke, which saves the mesh a context switch per hand-off where its processes share cores; false keeps SCHED_OTHER"
+
 // UseBatchScheduling moves every thread of the process to SCHED_BATCH, the
 // policy for throughput work: the kernel then never preempts a running
 // thread to run one it has just woken; the wakee runs when the current
@@ -19,7 +23,7 @@ import (
 // the dev VM, mesh on one core: hostbound B_req 1 (C=64) went from 26.0–
 // 27.6k to 28.7–29.2k examples/s, B_req 16 (C=16) from 56.7–60.0k to
 // 66.5–70.0k, mlperf B_req 1 (C=16) from 2,568 to 3,158, with lower p99
-// in each (docs/design.md).
+// in each (measured with chrt around the mesh; docs/design.md).
 //
 // Threads the Go runtime starts later inherit the policy from the thread
 // that starts them; the walk is made twice, so a thread started from a
@@ -52,11 +56,9 @@ func batchThread(tid int) error {
 	if err != nil {
 		return fmt.Errorf("shm: read thread %d's scheduling policy: %w", tid, err)
 	}
-	if attr.Policy == unix.SCHED_BATCH {
-		return nil
-	}
 	if attr.Policy != unix.SCHED_NORMAL {
-		// A real-time or idle policy was chosen deliberately: keep it.
+		// Already batch, or a real-time or idle policy chosen
+		// deliberately: keep it.
 		return nil
 	}
 	set := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_BATCH, Nice: attr.Nice}

@@ -28,7 +28,7 @@ func runServe(ctx context.Context, args []string) error {
 	natsURL := fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: none)")
 	zeroCopy := fs.Bool("zero-copy-staging", true, "let the device read batches in place from the segment's staging buffers (a sealed memfd only the embedder and the accelerator hold); false copies each batch into private memory first, one memcpy per batch")
 	modelRoot := fs.String("model-root", "", "directory rollouts may load bundles from, where the serving model is recorded (empty: the directory holding --bundle)")
-	schedBatch := fs.Bool("sched-batch", true, "run this process's threads under SCHED_BATCH: the kernel then lets a running thread finish its work before it runs one it just woke, which saves the mesh a context switch per hand-off where its processes share cores; false keeps SCHED_OTHER (XLA's threads, started later, inherit it)")
+	schedBatch := fs.Bool("sched-batch", true, shm.SchedBatchUsage+" (XLA's threads, started later, inherit it)")
 	if err := c.parse(fs, args); err != nil {
 		return err
 	}

@@ -87,7 +87,7 @@ func (s armSpec) multi() bool { return s.py != "" && pyarm.MultiProcess(s.py) }
 // CPUs and, for the Python arms, put under the server scheduling policy
 // (nil when neither applies). taskset and chrt exec their command, so
 // the arm's PID is the server's own, and children inherit both. The mesh
-// chooses its policy itself (meshEnv).
+// chooses its policy itself (startMesh sets RECMESH_SCHED_BATCH).
 func (c *config) pinPrefix(python bool) ([]string, error) {
 	var prefix []string
 	if c.serverCPUs != "" {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -164,10 +165,38 @@ func TestFlagErrors(t *testing.T) {
 		{"-repeats", "0", "-client-cpus", "", "-server-cpus", ""},
 		{"-stall-cpus", "zero", "-client-cpus", "", "-server-cpus", ""},
 		{"-stall-cpus", "4096", "-client-cpus", "", "-server-cpus", ""},
+		{"-server-sched", "fifo", "-client-cpus", "", "-server-cpus", ""},
 	} {
 		err := run(context.Background(), args, io.Discard, io.Discard)
 		if err == nil || strings.Contains(err.Error(), "model config") {
 			t.Errorf("run(%q) = %v, want a flag error", args, err)
+		}
+	}
+}
+
+// TestPinPrefixSchedulingPolicy checks that -server-sched batch puts the
+// Python arms under chrt (the mesh sets its own policy) and other does not.
+func TestPinPrefixSchedulingPolicy(t *testing.T) {
+	if _, err := exec.LookPath("chrt"); err != nil {
+		t.Skip("no chrt here")
+	}
+	for _, tc := range []struct {
+		sched  string
+		python bool
+		chrt   bool
+	}{
+		{"batch", true, true},
+		{"batch", false, false},
+		{"other", true, false},
+	} {
+		c := &config{serverSched: tc.sched}
+		prefix, err := c.pinPrefix(tc.python)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Contains(strings.Join(prefix, " "), "chrt --batch 0")
+		if got != tc.chrt {
+			t.Errorf("-server-sched %s, python %v: prefix %q", tc.sched, tc.python, prefix)
 		}
 	}
 }

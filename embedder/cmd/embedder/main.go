@@ -77,7 +77,7 @@ func run(args []string) error {
 		reserve     = fs.Bool("reserve-segment", true, "reserve each segment's memory when it is created, so a full --shm-dir fails the start with an error instead of a SIGBUS mid-serve")
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:9102", "address of /metrics and /healthz (empty: off; loopback by default, \":9102\" for every interface)")
 		natsURL     = fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: no control plane)")
-		schedBatch  = fs.Bool("sched-batch", true, "run this process's threads under SCHED_BATCH: the kernel then lets a running thread finish its work before it runs one it just woke, which saves the mesh a context switch per hand-off where its processes share cores; false keeps SCHED_OTHER")
+		schedBatch  = fs.Bool("sched-batch", true, shm.SchedBatchUsage)
 	)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: embedder [flags]")

@@ -140,7 +140,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.IntVar(&c.maxStreams, "max-streams", frontend.DefaultMaxStreams, "most concurrent calls on one client connection (gRPC MaxConcurrentStreams)")
 	fs.StringVar(&c.transport, "transport", frontend.TransportGRPC, "what serves the gRPC port: grpc (grpc-go: every feature) or lean (recmesh's own HTTP/2 transport for unary calls, about a quarter less CPU per small call; no server reflection, no health Watch)")
 	fs.IntVar(&c.streamWorkers, "stream-workers", frontend.DefaultStreamWorkers, "goroutines kept to run calls, so their stacks are grown once rather than per call; a call beyond them gets its own goroutine")
-	fs.BoolVar(&c.schedBatch, "sched-batch", true, "run this process's threads under SCHED_BATCH: the kernel then lets a running thread finish its work before it runs one it just woke, which saves the mesh a context switch per hand-off where its processes share cores; false keeps SCHED_OTHER")
+	fs.BoolVar(&c.schedBatch, "sched-batch", true, shm.SchedBatchUsage)
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	flagenv.DefinePrintConfig(fs)
 	fs.Usage = func() {
