@@ -183,7 +183,7 @@ func (e *Embedder) loadStore(dir string) (*Store, error) {
 		return nil, err
 	}
 	e.log.Info("tables loaded", "bundle", dir, "model", store.Config.ID(), "bytes", store.Bytes(), "rows", store.Config.TotalRows(),
-		"pages", store.Mode.String(), "huge_page_fraction", store.HugePageFraction,
+		"pages", store.Mode.String(), "page_bytes", store.PageSize, "huge_page_fraction", store.HugePageFraction,
 		"kernel", lookup.Kernel(), "seconds", time.Since(start).Seconds())
 	return store, nil
 }

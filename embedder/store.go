@@ -19,9 +19,11 @@ type Store struct {
 	Config model.Config
 	Tables *lookup.Tables
 	region *hugepage.Region
-	// Mode is the region's backing and HugePageFraction how much of it is
-	// huge pages, read back from /proc/self/smaps after the copy.
+	// Mode is the region's backing, PageSize the largest page the kernel
+	// backs it with, and HugePageFraction how much of it is huge pages,
+	// read back from /proc/self/smaps after the copy.
 	Mode             hugepage.Mode
+	PageSize         int
 	HugePageFraction float64
 }
 
@@ -60,7 +62,11 @@ func LoadStore(dir string) (*Store, error) {
 	if err != nil {
 		frac = 0
 	}
-	return &Store{Config: cfg, Tables: tables, region: region, Mode: region.Mode(), HugePageFraction: frac}, nil
+	page, err := region.PageSize()
+	if err != nil {
+		page = 0
+	}
+	return &Store{Config: cfg, Tables: tables, region: region, Mode: region.Mode(), PageSize: page, HugePageFraction: frac}, nil
 }
 
 // Bytes is the size of the tables.

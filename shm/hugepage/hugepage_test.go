@@ -5,6 +5,7 @@ package hugepage
 import (
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -184,9 +185,82 @@ func TestClose(t *testing.T) {
 }
 
 func TestModeString(t *testing.T) {
-	for m, want := range map[Mode]string{Mode4K: "4k", ModeTHP: "thp", ModeHugeTLB: "hugetlb", Mode(9): "Mode(9)"} {
+	for m, want := range map[Mode]string{Mode4K: "4k", ModeTHP: "thp", ModeHugeTLB: "hugetlb", ModeHugeTLB1G: "hugetlb-1g", Mode(9): "Mode(9)"} {
 		if got := m.String(); got != want {
 			t.Errorf("%d.String() = %q, want %q", int(m), got, want)
 		}
+	}
+}
+
+// TestGiantPagesLeftToLargeRegions: 1 GiB pages are not spent on a region
+// that would leave most of one unused; Map says so and falls back.
+func TestGiantPagesLeftToLargeRegions(t *testing.T) {
+	_, err := Map(testSize, Options{Modes: []Mode{ModeHugeTLB1G}})
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "unused") {
+		t.Fatalf("a %d-byte region in 1 GiB pages: error %v, want ErrUnavailable naming the unused part", testSize, err)
+	}
+	r := mapT(t, testSize, Options{Modes: []Mode{ModeHugeTLB1G, Mode4K}})
+	if r.Mode() != Mode4K || len(r.FallbackReasons()) != 1 {
+		t.Fatalf("mode %s, fallbacks %v; want 4k after refusing 1 GiB pages", r.Mode(), r.FallbackReasons())
+	}
+}
+
+// TestGiantPages maps a region in a 1 GiB page and checks with the kernel
+// that one backs it. Where the pool has no free page it reserves one for
+// the test when it may (root) and gives it back after; it skips where the
+// kernel has no 1 GiB pages or cannot find a free gigabyte.
+func TestGiantPages(t *testing.T) {
+	reserveGiantPage(t)
+	r := mapT(t, GiantPageSize, Options{Modes: []Mode{ModeHugeTLB1G}, Populate: true})
+	checkRegion(t, r, GiantPageSize)
+	if r.Mode() != ModeHugeTLB1G {
+		t.Fatalf("mode = %s, want hugetlb-1g", r.Mode())
+	}
+	got, err := r.PageSize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != GiantPageSize {
+		t.Fatalf("the kernel backs the region with %d-byte pages, want %d", got, GiantPageSize)
+	}
+	if f, err := r.HugePageFraction(); err != nil || f != 1 {
+		t.Fatalf("HugePageFraction = %v, %v; want 1", f, err)
+	}
+}
+
+const giantPool = "/sys/kernel/mm/hugepages/hugepages-1048576kB/"
+
+// reserveGiantPage makes sure the 1 GiB pool has a free page, growing it
+// by one for the test's duration if needed, or skips.
+func reserveGiantPage(t *testing.T) {
+	t.Helper()
+	read := func(name string) int {
+		b, err := os.ReadFile(giantPool + name)
+		if err != nil {
+			t.Skipf("no 1 GiB huge pages on this kernel: %v", err)
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatalf("%s%s: %v", giantPool, name, err)
+		}
+		return n
+	}
+	if read("free_hugepages") > 0 {
+		return
+	}
+	total := read("nr_hugepages")
+	set := func(n int) error {
+		return os.WriteFile(giantPool+"nr_hugepages", []byte(strconv.Itoa(n)), 0o644)
+	}
+	if err := set(total + 1); err != nil {
+		t.Skipf("no free 1 GiB page and cannot reserve one: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := set(total); err != nil {
+			t.Errorf("give the reserved 1 GiB page back: %v", err)
+		}
+	})
+	if read("free_hugepages") == 0 {
+		t.Skip("the kernel found no free gigabyte to reserve")
 	}
 }

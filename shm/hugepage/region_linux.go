@@ -51,17 +51,13 @@ func mapMode(size int, m Mode, populate bool) (*Region, error) {
 	mapped := roundUp(size)
 	switch m {
 	case ModeHugeTLB:
-		// The kernel aligns hugetlb mappings itself. MAP_POPULATE makes a
-		// short pool fail here rather than SIGBUS on a later touch.
-		flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_HUGETLB | unix.MAP_HUGE_2MB
-		if populate {
-			flags |= unix.MAP_POPULATE
+		return mapHugeTLB(size, mapped, m, unix.MAP_HUGE_2MB, populate)
+	case ModeHugeTLB1G:
+		mapped = roundUpGiant(size)
+		if waste := mapped - size; waste > size/giantWaste {
+			return nil, fmt.Errorf("%w: %d bytes in 1 GiB pages would leave %d of them unused", ErrUnavailable, size, waste)
 		}
-		p, err := unix.MmapPtr(-1, 0, nil, uintptr(mapped), unix.PROT_READ|unix.PROT_WRITE, flags)
-		if err != nil {
-			return nil, fmt.Errorf("%w: mmap MAP_HUGETLB: %w", ErrUnavailable, err)
-		}
-		return newRegion(p, size, mapped, m), nil
+		return mapHugeTLB(size, mapped, m, unix.MAP_HUGE_1GB, populate)
 	case ModeTHP:
 		if err := thpAvailable(); err != nil {
 			return nil, err
@@ -86,6 +82,22 @@ func mapMode(size int, m Mode, populate bool) (*Region, error) {
 		return r, nil
 	}
 	return nil, fmt.Errorf("%w: unknown mode %d", ErrUnavailable, int(m))
+}
+
+// mapHugeTLB maps mapped bytes from the hugetlb pool of the page size
+// pageFlag names (MAP_HUGE_2MB, MAP_HUGE_1GB). The kernel aligns hugetlb
+// mappings itself. MAP_POPULATE makes a short pool fail here rather than
+// SIGBUS on a later touch.
+func mapHugeTLB(size, mapped int, m Mode, pageFlag int, populate bool) (*Region, error) {
+	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_HUGETLB | pageFlag
+	if populate {
+		flags |= unix.MAP_POPULATE
+	}
+	p, err := unix.MmapPtr(-1, 0, nil, uintptr(mapped), unix.PROT_READ|unix.PROT_WRITE, flags)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mmap MAP_HUGETLB (%s): %w", ErrUnavailable, m, err)
+	}
+	return newRegion(p, size, mapped, m), nil
 }
 
 // mapAligned maps mapped bytes of anonymous memory starting on a
@@ -171,23 +183,46 @@ func (r *Region) HugePageFraction() (float64, error) {
 	if r.mem == nil {
 		return 0, errors.New("hugepage: fraction of a closed region")
 	}
-	if r.mode == ModeHugeTLB {
+	if r.mode == ModeHugeTLB || r.mode == ModeHugeTLB1G {
 		return 1, nil
 	}
-	f, err := os.Open("/proc/self/smaps")
+	u, err := r.smaps()
 	if err != nil {
-		return 0, fmt.Errorf("hugepage: read smaps: %w", err)
-	}
-	defer f.Close()
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(r.mem)))
-	u, err := parseSmaps(f, start, start+r.mapped)
-	if err != nil {
-		return 0, fmt.Errorf("hugepage: read smaps: %w", err)
+		return 0, err
 	}
 	if u.rss == 0 {
 		return 0, nil
 	}
 	return float64(u.anonHuge) / float64(u.rss), nil
+}
+
+// PageSize returns the largest page size the kernel backs the region with,
+// read from /proc/self/smaps (KernelPageSize): what the mode asked for,
+// as the kernel granted it.
+func (r *Region) PageSize() (int, error) {
+	if r.mem == nil {
+		return 0, errors.New("hugepage: page size of a closed region")
+	}
+	u, err := r.smaps()
+	if err != nil {
+		return 0, err
+	}
+	return int(u.kernelPage), nil
+}
+
+// smaps sums the /proc/self/smaps counters of the region's mappings.
+func (r *Region) smaps() (smapsUsage, error) {
+	f, err := os.Open("/proc/self/smaps")
+	if err != nil {
+		return smapsUsage{}, fmt.Errorf("hugepage: read smaps: %w", err)
+	}
+	defer f.Close()
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(r.mem)))
+	u, err := parseSmaps(f, start, start+r.mapped)
+	if err != nil {
+		return smapsUsage{}, fmt.Errorf("hugepage: read smaps: %w", err)
+	}
+	return u, nil
 }
 
 // Close unmaps the region. Slices obtained from Bytes must not be used

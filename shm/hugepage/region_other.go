@@ -28,5 +28,8 @@ func (r *Region) FallbackReasons() []error { return nil }
 // HugePageFraction is not supported on this platform.
 func (r *Region) HugePageFraction() (float64, error) { return 0, errors.ErrUnsupported }
 
+// PageSize is not supported on this platform.
+func (r *Region) PageSize() (int, error) { return 0, errors.ErrUnsupported }
+
 // Close does nothing.
 func (r *Region) Close() error { return nil }

@@ -12,6 +12,9 @@ import (
 // one address range.
 type smapsUsage struct {
 	rss, anonHuge uint64
+	// kernelPage is the largest page size the kernel backs the mappings
+	// with (KernelPageSize).
+	kernelPage uint64
 }
 
 // parseSmaps reads a /proc/PID/smaps listing and sums Rss and AnonHugePages
@@ -46,12 +49,17 @@ func parseSmaps(r io.Reader, start, end uintptr) (smapsUsage, error) {
 			dst = &u.rss
 		case "AnonHugePages:":
 			dst = &u.anonHuge
+		case "KernelPageSize:":
 		default:
 			continue
 		}
 		kb, err := parseKB(rest)
 		if err != nil {
 			return u, fmt.Errorf("smaps %q: %w", line, err)
+		}
+		if dst == nil {
+			u.kernelPage = max(u.kernelPage, kb<<10)
+			continue
 		}
 		*dst += kb << 10
 	}

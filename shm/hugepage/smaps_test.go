@@ -7,6 +7,7 @@ import (
 
 const sampleSmaps = `7f0000000000-7f0000400000 rw-p 00000000 00:00 0 
 Size:               4096 kB
+KernelPageSize:        4 kB
 Rss:                4096 kB
 AnonHugePages:      4096 kB
 VmFlags: rd wr mr mw me ac sd hg
@@ -16,6 +17,7 @@ Rss:                1024 kB
 AnonHugePages:         0 kB
 VmFlags: rd wr mr mw me ac sd
 7f0000600000-7f0000800000 rw-p 00000000 00:00 0    /usr/lib/libfoo.so
+KernelPageSize:     2048 kB
 Rss:                2048 kB
 AnonHugePages:      2048 kB
 `
@@ -25,18 +27,19 @@ func TestParseSmaps(t *testing.T) {
 		name          string
 		lo, hi        uintptr
 		rss, anonHuge uint64
+		page          uint64
 	}{
-		{"first", 0x7f0000000000, 0x7f0000400000, 4096 << 10, 4096 << 10},
-		{"split region", 0x7f0000000000, 0x7f0000600000, 5120 << 10, 4096 << 10},
-		{"partial overlap", 0x7f0000500000, 0x7f0000700000, 3072 << 10, 2048 << 10},
-		{"outside", 0x1000, 0x2000, 0, 0},
+		{"first", 0x7f0000000000, 0x7f0000400000, 4096 << 10, 4096 << 10, 4 << 10},
+		{"split region", 0x7f0000000000, 0x7f0000600000, 5120 << 10, 4096 << 10, 4 << 10},
+		{"partial overlap", 0x7f0000500000, 0x7f0000700000, 3072 << 10, 2048 << 10, 2048 << 10},
+		{"outside", 0x1000, 0x2000, 0, 0, 0},
 	} {
 		u, err := parseSmaps(strings.NewReader(sampleSmaps), tc.lo, tc.hi)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if u.rss != tc.rss || u.anonHuge != tc.anonHuge {
-			t.Errorf("%s: got rss %d anonHuge %d, want %d %d", tc.name, u.rss, u.anonHuge, tc.rss, tc.anonHuge)
+		if u.rss != tc.rss || u.anonHuge != tc.anonHuge || u.kernelPage != tc.page {
+			t.Errorf("%s: got rss %d anonHuge %d page %d, want %d %d %d", tc.name, u.rss, u.anonHuge, u.kernelPage, tc.rss, tc.anonHuge, tc.page)
 		}
 	}
 }
