@@ -125,8 +125,10 @@ BENCH_REPEATS          ?= 1
 BENCH_CONNECTIONS      ?= 64
 # The load generator's gRPC client: lean (bench/h2client) or grpc (grpc-go).
 BENCH_CLIENT           ?= lean
-BENCH_FRONTENDS        ?= 2
-BENCH_PY_PROCESSES     ?= 2
+# Frontend processes of the recmesh and multi-process Python arms: 0 is
+# one per server CPU.
+BENCH_FRONTENDS        ?= 0
+BENCH_PY_PROCESSES     ?= 0
 BENCH_PY_WORKERS       ?= 8
 BENCH_MEMORY_ARMS      ?= recmesh-slo,py-mp-batch
 BENCH_MEMORY_INSTANCES ?= 1,4

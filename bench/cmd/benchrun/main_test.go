@@ -166,6 +166,8 @@ func TestFlagErrors(t *testing.T) {
 		{"-stall-cpus", "zero", "-client-cpus", "", "-server-cpus", ""},
 		{"-stall-cpus", "4096", "-client-cpus", "", "-server-cpus", ""},
 		{"-server-sched", "fifo", "-client-cpus", "", "-server-cpus", ""},
+		{"-frontends", "-1", "-client-cpus", "", "-server-cpus", ""},
+		{"-py-processes", "-2", "-client-cpus", "", "-server-cpus", ""},
 	} {
 		err := run(context.Background(), args, io.Discard, io.Discard)
 		if err == nil || strings.Contains(err.Error(), "model config") {
@@ -285,5 +287,22 @@ func TestPointSetsAsideStalledRepeats(t *testing.T) {
 	}
 	if len(p.Runs) != 1 || len(p.SetAside) != 0 || strings.Contains(out.String(), "set aside") {
 		t.Errorf("with -stall-remeasure 0: %d runs, %d set aside, output %q", len(p.Runs), len(p.SetAside), out.String())
+	}
+}
+
+// TestPerCPU: a process count of 0 is one per server CPU; others stand.
+func TestPerCPU(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		cpus string
+		want int
+	}{{0, "0", 1}, {0, "0-3", 4}, {0, "1,5", 2}, {2, "0", 2}, {1, "0-7", 1}} {
+		set, err := cpuset.Parse(tc.cpus)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := perCPU(tc.n, set); got != tc.want {
+			t.Errorf("perCPU(%d, %s) = %d, want %d", tc.n, tc.cpus, got, tc.want)
+		}
 	}
 }
