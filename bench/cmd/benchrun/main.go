@@ -287,6 +287,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return sweepAll(ctx, c)
 }
 
+// count writes n things, in the plural unless n is 1.
+func count(n int, thing string) string {
+	switch {
+	case n == 1:
+		return "1 " + thing
+	case strings.HasSuffix(thing, "s"):
+		return fmt.Sprintf("%d %ses", n, thing)
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
+
 // perCPU resolves a process count flag: 0 means one per CPU of set.
 func perCPU(n int, set unix.CPUSet) int {
 	if n == 0 {
@@ -524,7 +535,7 @@ func (c *config) detail(spec armSpec, n int) string {
 		if n == 0 {
 			n = c.frontends
 		}
-		return fmt.Sprintf("recmesh run --batch-mode %s, %d frontends (--transport %s)", spec.mode, n, spec.transport)
+		return fmt.Sprintf("recmesh run --batch-mode %s, %s (--transport %s)", spec.mode, count(n, "frontend"), spec.transport)
 	}
 	threads := strconv.Itoa(c.pyWorkers)
 	if spec.batching() {
@@ -534,7 +545,7 @@ func (c *config) detail(spec armSpec, n int) string {
 		if n == 0 {
 			n = c.pyProcesses
 		}
-		return fmt.Sprintf("server.py --mode %s, %d frontend processes × %s gRPC threads", spec.py, n, threads)
+		return fmt.Sprintf("server.py --mode %s, %s × %s gRPC threads", spec.py, count(n, "frontend process"), threads)
 	}
 	return fmt.Sprintf("server.py --mode %s, 1 process × %s gRPC threads", spec.py, threads)
 }

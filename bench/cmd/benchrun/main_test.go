@@ -306,3 +306,29 @@ func TestPerCPU(t *testing.T) {
 		}
 	}
 }
+
+func TestDetailCounts(t *testing.T) {
+	c := &config{frontends: 1, pyProcesses: 2, pyWorkers: 8}
+	mesh, err := parseArm("recmesh-slo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	py, err := parseArm("py-mp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		spec armSpec
+		n    int
+		want string
+	}{
+		{mesh, 0, "recmesh run --batch-mode slo, 1 frontend (--transport grpc)"},
+		{mesh, 4, "recmesh run --batch-mode slo, 4 frontends (--transport grpc)"},
+		{py, 0, "server.py --mode py-mp, 2 frontend processes × 8 gRPC threads"},
+		{py, 1, "server.py --mode py-mp, 1 frontend process × 8 gRPC threads"},
+	} {
+		if got := c.detail(tc.spec, tc.n); got != tc.want {
+			t.Errorf("detail(%s, %d) = %q, want %q", tc.spec.name, tc.n, got, tc.want)
+		}
+	}
+}
