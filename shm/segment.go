@@ -494,10 +494,18 @@ func (s *Segment) peerAlive(pid uint32, pidNS, heartbeat uint64, staleAfter time
 	return nil
 }
 
+// ExecEstimate is one bucket's expected execution time (SetExecTime).
+type ExecEstimate struct {
+	Bucket int
+	Time   time.Duration
+}
+
 // SetAccelerator records pid as the segment's accelerator. It fails with
 // ErrAcceleratorPresent while another live accelerator holds the segment;
-// a dead or detached one is replaced.
-func (s *Segment) SetAccelerator(pid int) error {
+// a dead or detached one is replaced. The execution time estimates are
+// published before the accelerator shows as running, so the embedder's
+// first batch after it is planned with them.
+func (s *Segment) SetAccelerator(pid int, exec ...ExecEstimate) error {
 	// An attacher first needs the accelerator's memory from the broker,
 	// which refuses while a live accelerator holds the segment.
 	if s.cl != nil {
@@ -519,6 +527,9 @@ func (s *Segment) SetAccelerator(pid int) error {
 	// Namespace and heartbeat before the state, so a frontend that sees
 	// "running" judges a fresh heartbeat.
 	atomic.StoreUint64(s.accelPidNS, s.pidNS)
+	for _, e := range exec {
+		s.SetExecTime(e.Bucket, e.Time)
+	}
 	s.AcceleratorBeat()
 	atomic.StoreUint32(s.accelState, accelRunning)
 	s.isAccel.Store(true)

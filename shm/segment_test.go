@@ -197,15 +197,23 @@ func TestAcceleratorLiveness(t *testing.T) {
 	// the owner refreshes at every beat: beat before each look.
 	see := func() *Segment { s.Beat(); return fe }
 	acc := attachTest(t, s)
-	if err := acc.SetAccelerator(os.Getpid()); err != nil {
+	if err := acc.SetAccelerator(os.Getpid(), ExecEstimate{16, 3 * time.Millisecond}, ExecEstimate{3, time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if err := see().AcceleratorAlive(0); err != nil {
 		t.Fatal(err)
 	}
+	// The owner plans with the estimates given at attach; an invalid
+	// bucket is ignored as by SetExecTime.
+	if got := s.ExecTime(16); got != 3*time.Millisecond || s.ExecTime(3) != 0 {
+		t.Fatalf("owner reads ExecTime(16) = %v, ExecTime(3) = %v after attach", got, s.ExecTime(3))
+	}
 	other := attachTest(t, s)
-	if err := other.SetAccelerator(os.Getpid() + 1); !errors.Is(err, ErrAcceleratorPresent) {
+	if err := other.SetAccelerator(os.Getpid()+1, ExecEstimate{16, time.Second}); !errors.Is(err, ErrAcceleratorPresent) {
 		t.Fatalf("second accelerator = %v, want ErrAcceleratorPresent", err)
+	}
+	if got := s.ExecTime(16); got != 3*time.Millisecond {
+		t.Fatalf("a refused accelerator changed ExecTime(16) to %v", got)
 	}
 	// A heartbeat stale for DefaultHungAfter is death, even with a live pid.
 	atomic.StoreUint64(acc.accelHB, uint64(monoNow()-int64(2*DefaultHungAfter)))

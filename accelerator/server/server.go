@@ -80,8 +80,6 @@ type Server struct {
 // Allowances of the serving loop's long steps (shm.Pulse.Expect): past
 // them without progress, the loop counts as stuck.
 const (
-	// calibrationAllowance covers timing every bucket once at attach.
-	calibrationAllowance = 2 * time.Minute
 	// runSlack is added to a batch's expected execution time.
 	runSlack = 2 * time.Second
 )
@@ -166,6 +164,15 @@ func (s *Server) prepare(ex program) {
 // is done. A generation replaced by a newer one (a rollout) keeps being
 // served until the embedder closes it, beside the new one.
 func (s *Server) Run(ctx context.Context) error {
+	// Calibrate before the first attach: the frontends take calls once an
+	// accelerator is attached, and calls that came in while it calibrated
+	// would wait for it (a second of every bucket on the MLPerf network).
+	s.mu.Lock()
+	ex := s.ex
+	s.mu.Unlock()
+	if _, err := s.execTimesFor(ex); err != nil {
+		return fmt.Errorf("accelerator: calibrate: %w", err)
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var lastIno uint64
@@ -266,7 +273,21 @@ func (s *Server) attach() (*shm.Segment, program, error) {
 	if need := ex.Config().Staging(model.PowerOfTwoCeil(g.MaxExamples)).Size; g.StagingBytes < need {
 		return fail(fmt.Errorf("segment staging buffers of %d bytes, need %d", g.StagingBytes, need))
 	}
-	if err := seg.SetAccelerator(os.Getpid()); err != nil {
+	// The embedder plans its first batch with these, and the frontends
+	// take calls as soon as we are attached: publish them first. A
+	// rollout's program is calibrated here, at its first generation.
+	times, err := s.execTimesFor(ex)
+	if err != nil {
+		return fail(fmt.Errorf("accelerator: calibrate: %w", err))
+	}
+	exec := make([]shm.ExecEstimate, 0, len(ex.Buckets()))
+	for i, b := range ex.Buckets() {
+		if d := times.estimate(i); d > 0 {
+			exec = append(exec, shm.ExecEstimate{Bucket: b, Time: d})
+			s.m.predicted[i].Set(d.Seconds())
+		}
+	}
+	if err := seg.SetAccelerator(os.Getpid(), exec...); err != nil {
 		return fail(err)
 	}
 	return seg, ex, nil
@@ -317,14 +338,9 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex program) error 
 			}
 		}
 	}()
-	pulse.Expect(calibrationAllowance)
-	times, err := s.execTimesFor(ex)
-	pulse.Tick()
+	times, err := s.execTimesFor(ex) // calibrated by attach
 	if err != nil {
 		return fmt.Errorf("accelerator: calibrate: %w", err)
-	}
-	for i, b := range ex.Buckets() {
-		s.publishExec(seg, i, b, times.estimate(i))
 	}
 	touched := make([]bool, g.Lanes)
 	scores := make([]float32, ex.MaxBucket())

@@ -35,6 +35,7 @@ type fakeProgram struct {
 	lastN   atomic.Int64 // examples of the last Run
 	fail    atomic.Bool  // Run fails
 	closed  atomic.Bool
+	runTime time.Duration // each Run takes at least this long
 }
 
 func newFakeProgram() *fakeProgram {
@@ -88,6 +89,7 @@ func (in *fakeInputs) Close() {}
 func (p *fakeProgram) Run(in inputs, n int, scores []float32) error {
 	p.runs.Add(1)
 	p.lastN.Store(int64(n))
+	time.Sleep(p.runTime)
 	if p.fail.Load() {
 		return errors.New("fake: device error")
 	}
@@ -277,8 +279,13 @@ type serving struct {
 
 func startServer(t *testing.T, dir, name string, opts Options) *serving {
 	t.Helper()
+	return startServerWith(t, dir, name, opts, newFakeProgram())
+}
+
+// startServerWith is startServer serving prog.
+func startServerWith(t *testing.T, dir, name string, opts Options, prog *fakeProgram) *serving {
+	t.Helper()
 	opts.ShmDir, opts.Segment = dir, name
-	prog := newFakeProgram()
 	srv := newServer(opts, prog)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &serving{srv: srv, prog: prog, cancel: cancel, done: make(chan error, 1)}
@@ -323,6 +330,24 @@ func newRig(t *testing.T, opts Options) (*generation, *serving) {
 	s := startServer(t, dir, name, opts)
 	s.attached(t, g)
 	return g, s
+}
+
+// TestCalibratedBeforeAttach: by the time the segment shows an accelerator
+// (when the frontends start taking calls), every bucket's execution time
+// is already published, so no call waits for calibration and the
+// embedder's first batch is planned with real figures.
+func TestCalibratedBeforeAttach(t *testing.T) {
+	dir, name := t.TempDir(), "recmesh-server-test"
+	g := newGeneration(t, dir, name, model.DLRMv2(model.DevVocabCap))
+	prog := newFakeProgram()
+	prog.runTime = 2 * time.Millisecond
+	startServerWith(t, dir, name, Options{}, prog)
+	waitFor(t, "an accelerator in the segment", func() bool { return g.seg.AcceleratorAlive(0) == nil })
+	for _, b := range prog.Buckets() {
+		if d := g.seg.ExecTime(b); d < prog.runTime {
+			t.Errorf("bucket %d: execution time %v published at attach, want at least %v", b, d, prog.runTime)
+		}
+	}
 }
 
 // TestServeBatch: every request of a batch is completed with its own rows'
