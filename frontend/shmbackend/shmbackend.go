@@ -164,15 +164,6 @@ type attachment struct {
 	loops sync.WaitGroup
 }
 
-// Slot states, so a call that gives up and the completion reader agree on
-// who frees the slot.
-const (
-	stIdle      = iota // acquired, not submitted
-	stWaiting          // submitted, caller waiting
-	stAbandoned        // submitted, caller gone: the reader frees it
-	stDone             // completion delivered to the caller
-)
-
 type slotHandle struct {
 	a       *attachment
 	index   int
@@ -181,8 +172,8 @@ type slotHandle struct {
 	// views are payload's arrays, placed by the model's request layout
 	// (model.RequestLayout.Payload, which the embedder decodes with).
 	views   model.RequestPayload
-	state   atomic.Int32
-	status  chan shm.Status // cap 1
+	state   slotState
+	status  chan shm.Status // cap 1; the reader's delivery to the holder
 	moved   *slotHandle     // the slot this request moved to in a newer generation
 	retried bool            // this slot holds a request already moved once
 }
@@ -265,7 +256,7 @@ func (a *attachment) run() {
 	// loss) move to the next generation now, not a liveness tick later.
 	a.enter(phaseRetired)
 	a.loops.Wait()
-	a.dropAbandoned()
+	a.dropInFlight()
 
 	// Retired: wait for the calls still holding slots (Submit returned on
 	// retired) and for pins, then unmap. The CAS makes any later Acquire
@@ -349,11 +340,20 @@ func (a *attachment) pin() bool {
 // release drops a reference. The last one after draining began wakes the
 // owner.
 func (a *attachment) release() {
-	if a.refs.Add(-1) == 0 && a.life.reached(phaseDraining) {
+	n := a.refs.Add(-1)
+	if n == 0 && a.life.reached(phaseDraining) {
 		select {
 		case a.idle <- struct{}{}:
 		default: // a token is already waiting
 		}
+	}
+	if n < 0 && n > closedRefs/2 {
+		// More releases than references: a bug, never a client's doing.
+		// Left alone, every later pin would fail and the frontend would
+		// answer UNAVAILABLE until restarted; losing the attachment
+		// makes the manager attach anew instead.
+		a.b.log.Error("lane reference count went negative", "generation", a.seg.Generation(), "refs", n)
+		a.lose(errors.New("shmbackend: lane reference count went negative"))
 	}
 }
 
@@ -363,14 +363,27 @@ func (a *attachment) releaseSlot() {
 	a.b.signalFreed()
 }
 
-// dropAbandoned drops the references of slots whose callers gave up once
-// the completion reader has stopped: their completions will never be read.
-// A call that gives up after this scan drops its own in Release; the CAS
-// decides which one does.
-func (a *attachment) dropAbandoned() {
+// freeSlot gives a slot whose last claim was just dropped back to the lane
+// (unless the lane was given back already) and drops its reference. The
+// reference goes even when freeing faults (the segment file was truncated
+// under it): the owner unmaps only after the last one.
+func (a *attachment) freeSlot(h *slotHandle) {
+	defer a.releaseSlot()
+	if !a.life.reached(phaseRetired) {
+		if err := shm.GuardFaults(func() error { return a.lane.Free(h.index) }); err != nil {
+			a.b.log.Debug("free slot", "generation", a.seg.Generation(), "slot", h.index, "err", err)
+		}
+	}
+}
+
+// dropInFlight ends the in-flight claim of every slot once the completion
+// reader has stopped: their completions will never be read. A slot whose
+// holder has released it is freed here; one still held is freed by its
+// holder's Release.
+func (a *attachment) dropInFlight() {
 	for i := range a.slots {
-		if a.slots[i].state.CompareAndSwap(stAbandoned, stIdle) {
-			a.release()
+		if _, last, ok := a.slots[i].state.complete(); ok && last {
+			a.releaseSlot()
 		}
 	}
 }
@@ -470,6 +483,10 @@ func (b *Backend) announce() { b.changed.Swap(newEvent()).Fire() }
 // under the reads, and guards them: the file may have been truncated.
 func (b *Backend) examine(a *attachment) (replaced, ok bool) {
 	if !a.pin() {
+		// Only a closed attachment refuses a pin, and the manager's
+		// current one is never closed unless lost: make sure it is, so
+		// the next turn attaches anew instead of looking again.
+		a.lose(errors.New("shmbackend: attachment closed under the manager"))
 		return false, false
 	}
 	defer a.release()
@@ -522,14 +539,18 @@ func (a *attachment) readCompletions(ctx context.Context) error {
 			return err
 		}
 		bad = 0
-		h := &a.slots[c.Slot]
-		if h.state.CompareAndSwap(stWaiting, stDone) {
-			h.status <- c.Status
-			continue
+		if c.Slot < 0 || c.Slot >= len(a.slots) {
+			continue // the lane validated it; never trust an index twice
 		}
-		if h.state.CompareAndSwap(stAbandoned, stIdle) {
-			_ = a.lane.Free(c.Slot)
-			a.releaseSlot()
+		h := &a.slots[c.Slot]
+		deliver, last, ok := h.state.complete()
+		switch {
+		case !ok:
+			// Not in flight: a stale or forged completion.
+		case deliver:
+			h.status <- c.Status
+		case last:
+			a.freeSlot(h)
 		}
 	}
 }
@@ -575,8 +596,12 @@ func (b *Backend) Acquire(ctx context.Context, n int) (frontend.Slot, error) {
 				return nil, fmt.Errorf("shmbackend: slot %d: %v: %w", slot, err, frontend.ErrUnavailable)
 			}
 			h := &a.slots[slot]
-			h.n, h.payload, h.views, h.retried = n, payload, views, false
-			h.state.Store(stIdle)
+			h.n, h.payload, h.views, h.retried, h.moved = n, payload, views, false, nil
+			select {
+			case <-h.status: // left by a call that moved off a lost lane
+			default:
+			}
+			h.state.acquire()
 			return h, nil
 		}
 		a.release()
@@ -619,7 +644,7 @@ func (h *slotHandle) Submit(ctx context.Context, call frontend.Call) ([]float32,
 	if d, ok := ctx.Deadline(); ok {
 		deadline = d.UnixNano()
 	}
-	h.state.Store(stWaiting)
+	h.state.commit()
 	err := a.lane.Commit(h.index, shm.RequestMeta{
 		ID:       a.b.nextID.Add(1),
 		Deadline: deadline,
@@ -627,9 +652,14 @@ func (h *slotHandle) Submit(ctx context.Context, call frontend.Call) ([]float32,
 		Arrival:  call.Arrival,
 	})
 	if err != nil {
-		h.state.Store(stIdle)
+		h.state.uncommit()
 		// A draining segment (a rollout) or a generation lost since
-		// Acquire: the request moves to the successor.
+		// Acquire: the request moves to the successor. A closed segment
+		// or a lost lane is a loss the attachment may not have noticed
+		// yet; telling it now moves this call and the next ones sooner.
+		if !h.retried && (errors.Is(err, shm.ErrClosed) || errors.Is(err, shm.ErrLaneLost)) {
+			a.lose(err)
+		}
 		if errors.Is(err, shm.ErrDraining) || (a.lost.HasFired() && !h.retried) {
 			return h.move(ctx, call)
 		}
@@ -658,17 +688,18 @@ func (h *slotHandle) Submit(ctx context.Context, call frontend.Call) ([]float32,
 		}
 		return h.move(ctx, call)
 	case <-ctx.Done():
-		// Once abandoned, the slot's reference is no longer this call's
-		// (a retired attachment's owner may drop it at once): the pin
-		// keeps the mapping for the cancel flag.
-		a.pin()
-		defer a.release()
-		if h.state.CompareAndSwap(stWaiting, stAbandoned) {
-			_ = a.lane.Cancel(h.index)
+		if h.state.abandon() {
+			// The slot stays held until Release, so its room and the
+			// mapping are still ours for the cancel flag.
+			_ = shm.GuardFaults(func() error { return a.lane.Cancel(h.index) })
 			return nil, ctx.Err()
 		}
-		// The completion won the race: take it so the slot is clean.
-		<-h.status
+		// The completion was consumed first: it is on its way to h.status,
+		// unless the generation was lost and nothing will deliver it.
+		select {
+		case <-h.status:
+		case <-a.life.entered(phaseRetired).Done():
+		}
 		return nil, ctx.Err()
 	}
 }
@@ -736,30 +767,15 @@ func (h *slotHandle) result(st shm.Status) ([]float32, error) {
 	return nil, fmt.Errorf("shmbackend: request failed on the serving side (status %v)", st)
 }
 
-// Release frees the slot, unless the completion reader owns it now.
+// Release drops the caller's claim on the slot. The slot is freed now, or
+// by whoever drops its last claim: the completion reader when the request
+// is still in flight, or the attachment's owner once the lane is retired.
 func (h *slotHandle) Release() {
 	if h.moved != nil {
 		h.moved.Release()
 		h.moved = nil
 	}
-	a := h.a
-	st := h.state.Load()
-	if st == stAbandoned {
-		// The reader frees the slot when its completion arrives. Once the
-		// attachment is retired none will be read, and this call or the
-		// owner's dropAbandoned drops the reference, whichever comes first.
-		if a.life.reached(phaseRetired) && h.state.CompareAndSwap(stAbandoned, stIdle) {
-			a.release()
-		}
-		return
+	if h.state.release() {
+		h.a.freeSlot(h)
 	}
-	// The reference goes even when freeing faults (the segment file was
-	// truncated under it): the owner unmaps only after the last one.
-	defer a.releaseSlot()
-	// A slot still waiting was left by a retired lane: nothing will ever
-	// complete it, and the lane is no longer ours to free it in.
-	if st != stWaiting && !a.life.reached(phaseRetired) {
-		_ = a.lane.Free(h.index)
-	}
-	h.state.Store(stIdle)
 }

@@ -3,6 +3,7 @@ package shmbackend
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,12 @@ type fakeMesh struct {
 	seg    *shm.Segment
 	value  float32
 	paused atomic.Bool // stop answering while set
+	// echo answers each example with its first dense value plus value,
+	// so a call handed another call's slot gets scores that are not its
+	// own; jitter waits up to that long before each answer, so answers
+	// race the callers' cancellations.
+	echo   bool
+	jitter time.Duration
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -29,6 +36,12 @@ type fakeMesh struct {
 func testModel() model.Config { return model.DLRMv2(model.DevVocabCap) }
 
 func startFakeMesh(t *testing.T, dir string, value float32) *fakeMesh {
+	t.Helper()
+	return startEchoMesh(t, dir, value, false, 0)
+}
+
+// startEchoMesh is startFakeMesh with fakeMesh's echo and jitter set.
+func startEchoMesh(t *testing.T, dir string, value float32, echo bool, jitter time.Duration) *fakeMesh {
 	t.Helper()
 	cfg := testModel()
 	seg, err := shm.Create(shm.Options{Name: "seg", Dir: dir, ModelID: cfg.ID(), Geometry: shm.Geometry{
@@ -42,7 +55,7 @@ func startFakeMesh(t *testing.T, dir string, value float32) *fakeMesh {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &fakeMesh{seg: seg, value: value, cancel: cancel}
+	m := &fakeMesh{seg: seg, value: value, cancel: cancel, echo: echo, jitter: jitter}
 	m.wg.Add(3)
 	go func() { defer m.wg.Done(); _ = seg.Heartbeat(ctx, 0, nil) }()
 	go func() { defer m.wg.Done(); _ = seg.AcceleratorHeartbeat(ctx, 0, nil) }()
@@ -76,15 +89,39 @@ func (m *fakeMesh) answer(ctx context.Context) {
 			if err != nil {
 				continue
 			}
+			if m.jitter > 0 {
+				spin(time.Duration(rand.Int64N(int64(m.jitter))))
+			}
 			scores := unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), req.Examples)
 			for k := range scores {
 				scores[k] = m.value
 			}
-			_ = writers[i].Complete(shm.Completion{Slot: req.Slot, Epoch: req.Epoch, Status: shm.StatusOK, Examples: req.Examples})
+			st := shm.StatusOK
+			if m.echo {
+				views, err := testModel().Request(req.Examples).Payload(req.Payload)
+				if err != nil {
+					st = shm.StatusInternal
+				} else {
+					for k := range scores {
+						scores[k] = views.Dense[k*testModel().NumDense] + m.value
+					}
+				}
+				if r.Canceled(req.Slot) {
+					st = shm.StatusCanceled
+				}
+			}
+			_ = writers[i].Complete(shm.Completion{Slot: req.Slot, Epoch: req.Epoch, Status: st, Examples: req.Examples})
 		}
 		if idle {
 			time.Sleep(200 * time.Microsecond)
 		}
+	}
+}
+
+// spin waits d without sleeping: a sleep is at least the timer slack,
+// far longer than the races the jitter is for.
+func spin(d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); {
 	}
 }
 
