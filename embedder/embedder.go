@@ -55,6 +55,12 @@ type Options struct {
 	SegmentMode os.FileMode
 	// Lanes is how many frontends can attach at once. Default 16.
 	Lanes int
+	// LanesPerFrontend is the most lanes one frontend process may hold.
+	// Default shm.DefaultMaxLanesPerPeer (1).
+	LanesPerFrontend int
+	// AcceleratorKey, when set, is the secret the accelerator must present
+	// to attach (shm.Options.AcceleratorKey).
+	AcceleratorKey []byte
 	// Batching: mode, max examples per batch (default 4096), the Full
 	// mode window (default 1 ms) and SLO mode's end-to-end latency target
 	// (default 20 ms).
@@ -476,7 +482,9 @@ func (e *Embedder) create(store *Store) (*generation, error) {
 			StagingBytes:    staging.Size,
 			MaxBatchEntries: e.opts.MaxBatch,
 		},
-		Reserve: !e.opts.LazySegment,
+		Reserve:         !e.opts.LazySegment,
+		AcceleratorKey:  e.opts.AcceleratorKey,
+		MaxLanesPerPeer: e.opts.LanesPerFrontend,
 	})
 	if errors.Is(err, unix.ENOSPC) {
 		var st unix.Statfs_t

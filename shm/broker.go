@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"os"
@@ -24,11 +25,18 @@ type broker struct {
 	z       sizes
 	fds     [numShared]int // the owner's descriptors, read-write
 
-	mu    sync.Mutex // lane assignment, lane memfds, the accelerator set
-	lanes []int      // current memfd of each lane
-	dirty []bool     // handed to a frontend since its memfd was made
-	seq   uint64     // lane pushes
-	accel map[*brokerConn]bool
+	// key, when set, is the secret an accelerator must present
+	// (Options.AcceleratorKey); maxLanes caps the lanes one process may
+	// hold (Options.MaxLanesPerPeer).
+	key      []byte
+	maxLanes int
+
+	mu     sync.Mutex // lane assignment, lane memfds, the accelerator set
+	lanes  []int      // current memfd of each lane
+	dirty  []bool     // handed to a frontend since its memfd was made
+	seq    uint64     // lane pushes
+	accel  map[*brokerConn]bool
+	claims map[peerKey][]laneClaim // lanes handed to each process, pruned when counted
 
 	connMu sync.Mutex
 	conns  map[*brokerConn]bool
@@ -39,11 +47,19 @@ type broker struct {
 
 // brokerConn is one attached process.
 type brokerConn struct {
-	c     *wireConn
-	pid   uint32 // as the process names itself (its own pid namespace)
-	pidNS uint64
-	cred  unix.Ucred
-	acks  chan uint64 // lane pushes acknowledged (accelerator only)
+	c    *wireConn
+	id   peerID // set by hello, from the kernel's word where it can see the peer
+	cred unix.Ucred
+	acks chan uint64 // lane pushes acknowledged (accelerator only)
+	// claimed counts the lanes handed out on this connection; a peer that
+	// claimed one is a frontend and may not become the accelerator.
+	claimed int
+}
+
+// laneClaim is a lane handed to a process, at the epoch it got.
+type laneClaim struct {
+	lane  int
+	epoch uint32
 }
 
 // brokerWatch is how often the broker checks that the path still names its
@@ -181,6 +197,12 @@ func (b *broker) serveConn(bc *brokerConn) {
 		}
 		switch m.Op {
 		case "hello":
+			if hello {
+				// Once named, a peer stays who it is: its lanes are
+				// counted and judged by that name.
+				_ = bc.c.send(refuse(fmt.Errorf("%w: a second hello", ErrProtocol)))
+				return
+			}
 			if err := b.hello(bc, m); err != nil {
 				_ = bc.c.send(refuse(err))
 				return
@@ -189,7 +211,7 @@ func (b *broker) serveConn(bc *brokerConn) {
 		case "claim":
 			b.claim(bc)
 		case "accel":
-			b.grantAccel(bc)
+			b.grantAccel(bc, m)
 		case "ack":
 			select {
 			case bc.acks <- m.Seq:
@@ -212,18 +234,35 @@ func (b *broker) serveConn(bc *brokerConn) {
 	}
 }
 
-// hello records who the peer says it is and hands it the header (which it
-// can only map read-only: the memfd is sealed against new writable
-// mappings) and the bell page.
+// hello records who the peer is, as the kernel vouches for it (see
+// verifyPeer), and hands it the header (which it can only map read-only:
+// the memfd is sealed against new writable mappings) and the bell page.
 func (b *broker) hello(bc *brokerConn, m wireMsg) error {
-	// The peer names its pid as its own namespace numbers it, which is
-	// what its lane records. When it shares ours, the kernel's word must
-	// agree, so nobody can make a lane look owned by another process.
-	if m.PidNS == b.s.pidNS && m.PidNS != 0 && int32(m.Pid) != bc.cred.Pid {
-		return fmt.Errorf("%w: hello names pid %d, the socket's peer is pid %d", ErrProtocol, m.Pid, bc.cred.Pid)
+	id, err := verifyPeer(bc.cred, m.Pid, m.PidNS, b.s.pidNS)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrProtocol, err)
 	}
-	bc.pid, bc.pidNS = m.Pid, m.PidNS
+	bc.id = id
 	return bc.c.send(wireMsg{Gen: b.s.gen, Block: b.block}, b.fds[fdHeader], b.fds[fdBell])
+}
+
+// lanesHeld counts the lanes process k still holds (the lane's owner and
+// epoch are still those of the claim), forgetting the others. Call with
+// b.mu held.
+func (b *broker) lanesHeld(k peerKey, pid uint32) int {
+	held := b.claims[k][:0]
+	for _, c := range b.claims[k] {
+		l := b.s.lane(c.lane)
+		if atomic.LoadUint32(l.owner) == pid && atomic.LoadUint32(l.epoch) == c.epoch && atomic.LoadUint32(l.state) != laneFree {
+			held = append(held, c)
+		}
+	}
+	if len(held) == 0 {
+		delete(b.claims, k)
+	} else {
+		b.claims[k] = held
+	}
+	return len(held)
 }
 
 // claim assigns the peer a free lane and sends its memfd. A lane that was
@@ -233,18 +272,30 @@ func (b *broker) claim(bc *brokerConn) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s := b.s
-	if bc.pid == 0 || bc.pid > 1<<31-1 {
-		_ = bc.c.send(refuse(fmt.Errorf("%w: bad pid %d", ErrProtocol, bc.pid)))
+	pid := bc.id.pid
+	if pid == 0 || pid > 1<<31-1 {
+		_ = bc.c.send(refuse(fmt.Errorf("%w: bad pid %d", ErrProtocol, pid)))
+		return
+	}
+	if b.accel[bc] {
+		_ = bc.c.send(refuse(fmt.Errorf("%w: the accelerator claims no lane", ErrProtocol)))
 		return
 	}
 	if err := s.acceptsWork(); err != nil {
 		_ = bc.c.send(refuse(err))
 		return
 	}
+	// One process, one lane (by default): a frontend that claimed every
+	// lane would lock out its restarted or newly scaled peers.
+	held := b.lanesHeld(bc.id.key, pid)
+	if b.maxLanes > 0 && (held >= b.maxLanes || (!bc.id.visible && bc.claimed >= b.maxLanes)) {
+		_ = bc.c.send(refuse(fmt.Errorf("%w in %s: pid %d holds %d lanes already, the most one process may (the embedder's --lanes-per-frontend)", ErrNoFreeLane, s.path, pid, max(held, bc.claimed))))
+		return
+	}
 	n := s.geo.Lanes
 	var swapErr error
 	for k := 0; k < n; k++ {
-		i := (int(bc.pid) + k) % n
+		i := (int(pid) + k) % n
 		c := s.lane(i)
 		if atomic.LoadUint32(c.owner) != noOwner || atomic.LoadUint32(c.state) != laneFree {
 			continue
@@ -255,11 +306,13 @@ func (b *broker) claim(bc *brokerConn) {
 				continue
 			}
 		}
-		epoch, ok := s.claimCtl(c, bc.pid, bc.pidNS)
+		epoch, ok := s.claimCtl(c, pid, bc.id.pidNS)
 		if !ok {
 			continue
 		}
 		b.dirty[i] = true
+		bc.claimed++
+		b.claims[bc.id.key] = append(b.claims[bc.id.key], laneClaim{lane: i, epoch: epoch})
 		_ = bc.c.send(wireMsg{Lane: i, Epoch: epoch}, b.lanes[i])
 		return
 	}
@@ -314,7 +367,7 @@ func (b *broker) swapLane(i int) error {
 			// stays dirty and this memfd unused; the next claim tries
 			// again with another.
 			unix.Close(fd)
-			return fmt.Errorf("accelerator pid %d did not map lane %d's new memfd: %w", bc.pid, i, err)
+			return fmt.Errorf("accelerator pid %d did not map lane %d's new memfd: %w", bc.id.pid, i, err)
 		}
 	}
 	if err := s.mapLane(i, fd); err != nil {
@@ -347,11 +400,15 @@ func (b *broker) waitAck(bc *brokerConn, seq uint64) error {
 }
 
 // grantAccel hands the peer every memfd, read-write, and registers it for
-// lane replacements. It is refused while another live accelerator holds
-// the segment. Only a peer running as the owner's user may have it: in a
-// deployment where frontends run as another user (see docs/security.md),
-// that is what keeps them from asking.
-func (b *broker) grantAccel(bc *brokerConn) {
+// lane replacements. Only a peer that proves it is the accelerator may
+// have it: it runs as the owner's user (in a deployment where frontends
+// run as another user, see docs/security.md, that alone keeps them out),
+// it presents the accelerator key when the segment has one (a secret
+// frontends are not given), and it claimed no lane. It is refused while
+// another accelerator holds the segment: one whose connection is open and
+// that has not detached, or whose pid, as the kernel vouched for it, is
+// alive and beating.
+func (b *broker) grantAccel(bc *brokerConn, m wireMsg) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s := b.s
@@ -359,10 +416,28 @@ func (b *broker) grantAccel(bc *brokerConn) {
 		_ = bc.c.send(refuse(fmt.Errorf("%w: uid %d may not be the accelerator", ErrNotOwner, bc.cred.Uid)))
 		return
 	}
+	running := atomic.LoadUint32(s.accelState) == accelRunning
+	for other := range b.accel {
+		if running {
+			_ = bc.c.send(refuse(fmt.Errorf("%w: pid %d holds it", ErrAcceleratorPresent, other.id.pid)))
+			return
+		}
+	}
 	cur := atomic.LoadUint32(s.accelPid)
-	if cur != 0 && cur != bc.pid && atomic.LoadUint32(s.accelState) == accelRunning &&
-		s.peerAlive(cur, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), 0) == nil {
+	if cur != 0 && running && s.peerAlive(cur, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), 0) == nil {
 		_ = bc.c.send(refuse(fmt.Errorf("%w: pid %d", ErrAcceleratorPresent, cur)))
+		return
+	}
+	if b.key != nil && subtle.ConstantTimeCompare([]byte(m.Key), b.key) != 1 {
+		_ = bc.c.send(refuse(fmt.Errorf("%w: pid %d did not present the accelerator key", ErrNotOwner, bc.id.pid)))
+		return
+	}
+	if bc.claimed > 0 {
+		_ = bc.c.send(refuse(fmt.Errorf("%w: pid %d claimed a lane: a frontend may not become the accelerator", ErrNotOwner, bc.id.pid)))
+		return
+	}
+	if b.accel[bc] {
+		_ = bc.c.send(refuse(fmt.Errorf("%w: already the accelerator", ErrProtocol)))
 		return
 	}
 	if err := bc.c.send(wireMsg{}, b.fds[fdCore], b.fds[fdStaging]); err != nil {

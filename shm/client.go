@@ -15,6 +15,7 @@ import (
 // it and, to the accelerator, pushes lane memfds that replace old ones.
 type client struct {
 	c     *wireConn
+	key   []byte // the accelerator key, presented when asking for the role
 	z     sizes
 	mu    sync.Mutex  // one request at a time
 	fds   []int       // the shared memfds received, closed by Close
@@ -60,7 +61,7 @@ func attach(path string, want AttachOptions) (*Segment, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl := &client{c: c, lanes: map[int]int{}}
+	cl := &client{c: c, lanes: map[int]int{}, key: want.AcceleratorKey}
 	ok := false
 	var vm *vmRange
 	defer func() {
@@ -160,7 +161,7 @@ func (s *Segment) becomeAccelerator(pid int) error {
 	if cl.accel.Load() {
 		return nil
 	}
-	_, fds, err := cl.request(wireMsg{Op: "accel", Pid: uint32(pid)}, 2)
+	_, fds, err := cl.request(wireMsg{Op: "accel", Pid: uint32(pid), Key: string(cl.key)}, 2)
 	if err != nil {
 		return fmt.Errorf("shm: %s: %w", s.path, err)
 	}

@@ -66,6 +66,15 @@ const (
 	// stalls a container for up to a quota period, and a loaded machine
 	// delays any thread; declaring it dead would fail all in-flight work.
 	DefaultHungAfter = time.Second
+	// DefaultStarvedAfter is the heartbeat age after which a live peer
+	// counts as dead even though the kernel says it runs or waits for a
+	// CPU: a loop spinning without progress looks busy too. A starved
+	// process on an overloaded host beats again long before it.
+	DefaultStarvedAfter = 5 * time.Second
+	// DefaultMaxLanesPerPeer is how many lanes one process may hold: a
+	// frontend needs one, and one that claimed them all would lock out
+	// every restarted or newly scaled peer.
+	DefaultMaxLanesPerPeer = 1
 	// DefaultLaneStaleAfter is the heartbeat age after which the embedder
 	// reclaims a lane whose owner pid it cannot check (another pid
 	// namespace) or that stopped beating. Longer than DefaultStaleAfter
@@ -107,11 +116,23 @@ type Options struct {
 	// touch into SIGBUS; with it, Create fails instead, at the cost of
 	// committing all the memory at start.
 	Reserve bool
+	// AcceleratorKey, when set, is a secret the accelerator must present
+	// to be given the accelerator's memory (AttachOptions.AcceleratorKey).
+	// Give it to the accelerator alone: where frontends run as the same
+	// user as the embedder, it is what keeps a compromised frontend from
+	// taking the accelerator's place while none is attached.
+	AcceleratorKey []byte
+	// MaxLanesPerPeer is the most lanes one process may hold at once;
+	// default DefaultMaxLanesPerPeer.
+	MaxLanesPerPeer int
 	// Geometry is the segment's shape; zero fields take the defaults.
 	Geometry
 }
 
 func (o Options) withDefaults() Options {
+	if o.MaxLanesPerPeer <= 0 {
+		o.MaxLanesPerPeer = DefaultMaxLanesPerPeer
+	}
 	if o.Dir == "" {
 		o.Dir = DefaultDir
 	}
@@ -156,4 +177,7 @@ type AttachOptions struct {
 	// this process is root). Root cannot be named: an embedder running as
 	// root has no business serving frontends of other users.
 	OwnerUID int
+	// AcceleratorKey is the segment's accelerator key (Options), which
+	// SetAccelerator presents; frontends leave it empty.
+	AcceleratorKey []byte
 }

@@ -123,7 +123,8 @@ func create(path string, o Options) (*Segment, error) {
 			return nil, err
 		}
 	}
-	b := &broker{reserve: o.Reserve, block: blk, z: z, accel: map[*brokerConn]bool{}, conns: map[*brokerConn]bool{}}
+	b := &broker{reserve: o.Reserve, block: blk, z: z, accel: map[*brokerConn]bool{}, conns: map[*brokerConn]bool{},
+		claims: map[peerKey][]laneClaim{}, key: o.AcceleratorKey, maxLanes: o.MaxLanesPerPeer}
 	for i := range b.fds {
 		b.fds[i] = -1
 	}
@@ -468,26 +469,41 @@ func (s *Segment) OwnerAlive(staleAfter time.Duration) error {
 }
 
 // peerAlive applies the liveness rule to one peer. When the peer shares
-// this process's pid namespace, a pid that has exited is dead at once and a
-// live pid is dead only after DefaultHungAfter without a beat; otherwise
-// the heartbeat alone decides, with staleAfter (0: the segment's value).
-// The returned error only says why; callers wrap it.
+// this process's pid namespace, a pid that has exited is dead at once; a
+// live pid whose beats stopped for DefaultHungAfter is dead when the kernel
+// says it is stopped or that every thread of it sleeps (its work loop waits
+// for something that will not come, so its pulse stopped the beats), and
+// otherwise (a thread runs or waits for a CPU: an overloaded host starves
+// it, it is not hung) only after DefaultStarvedAfter. A peer in another
+// namespace is judged by its heartbeat alone, with staleAfter (0: the
+// segment's value). The returned error only says why; callers wrap it.
 func (s *Segment) peerAlive(pid uint32, pidNS, heartbeat uint64, staleAfter time.Duration) error {
 	if staleAfter <= 0 {
 		staleAfter = s.stale
 	}
+	// A heartbeat from the future is as suspect as an old one: it is either
+	// corrupt or written under another clock.
+	age := time.Duration(monoNow() - int64(heartbeat))
 	if pidNS != 0 && pidNS == s.pidNS {
 		if !pidAlive(pid) {
 			return errors.New("has exited")
 		}
-		// The pid check is authoritative for death. A live process whose
-		// beats stopped is stopped, deadlocked or starved; CPU throttling
-		// alone can delay beats past staleAfter, so it gets longer.
-		staleAfter = max(staleAfter, DefaultHungAfter)
+		hung := max(staleAfter, DefaultHungAfter)
+		if age <= hung && age >= -hung {
+			return nil
+		}
+		switch activity(pid) {
+		case procBusy:
+			if age <= DefaultStarvedAfter && age >= -DefaultStarvedAfter {
+				return nil
+			}
+			return fmt.Errorf("heartbeat is %v old though it runs (limit %v)", age, DefaultStarvedAfter)
+		case procStopped:
+			return fmt.Errorf("is stopped, heartbeat %v old (limit %v)", age, hung)
+		default:
+			return fmt.Errorf("heartbeat is %v old and it sleeps (limit %v)", age, hung)
+		}
 	}
-	// A heartbeat from the future is as suspect as an old one: it is either
-	// corrupt or written under another clock.
-	age := time.Duration(monoNow() - int64(heartbeat))
 	if age > staleAfter || age < -staleAfter {
 		return fmt.Errorf("heartbeat is %v old (limit %v)", age, staleAfter)
 	}

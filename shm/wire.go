@@ -39,6 +39,8 @@ type wireMsg struct {
 	Block int    `json:"block,omitempty"`
 	Code  string `json:"code,omitempty"`
 	Err   string `json:"err,omitempty"`
+	// Key is the accelerator key an "accel" request presents.
+	Key string `json:"key,omitempty"`
 }
 
 // codeErrors maps refusal codes to the sentinels a caller matches.

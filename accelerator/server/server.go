@@ -54,6 +54,10 @@ type Options struct {
 	// that costs a memcpy per batch (5 % of the serving core at hostbound
 	// B_req 128).
 	CopyStaging bool
+	// AcceleratorKeyFile, when set, holds the segment's accelerator key
+	// (the embedder's --accelerator-key-file). It is read at every attach,
+	// so an embedder restarted with a new key is still reached.
+	AcceleratorKeyFile string
 }
 
 // Server serves batches of one embedder.
@@ -241,7 +245,14 @@ func (s *Server) serveGeneration(ctx context.Context, seg *shm.Segment, ex progr
 // attach opens the current generation, picks the executor compiled for its
 // model, and registers as its accelerator.
 func (s *Server) attach() (*shm.Segment, program, error) {
-	seg, err := shm.Attach(s.Path(), shm.AttachOptions{})
+	var key []byte
+	if s.opts.AcceleratorKeyFile != "" {
+		var err error
+		if key, err = shm.AcceleratorKeyFile(s.opts.AcceleratorKeyFile, false); err != nil {
+			return nil, nil, err
+		}
+	}
+	seg, err := shm.Attach(s.Path(), shm.AttachOptions{AcceleratorKey: key})
 	if err != nil {
 		return nil, nil, err
 	}

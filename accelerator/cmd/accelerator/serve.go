@@ -24,6 +24,7 @@ func runServe(ctx context.Context, args []string) error {
 	c.register(fs)
 	shmDir := fs.String("shm-dir", shm.DefaultDir, "directory of the embedder's shared-memory segment")
 	segment := fs.String("segment", server.DefaultSegment, "segment file name")
+	accelKey := fs.String("accelerator-key-file", "", "file holding the key the embedder's --accelerator-key-file made; presented to attach (empty: none)")
 	metricsAddr := fs.String("metrics-addr", "127.0.0.1:9103", "address of /metrics and /healthz (empty: off; loopback by default, \":9103\" for every interface)")
 	natsURL := fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: none)")
 	zeroCopy := fs.Bool("zero-copy-staging", true, "let the device read batches in place from the segment's staging buffers (a sealed memfd only the embedder and the accelerator hold); false copies each batch into private memory first, one memcpy per batch")
@@ -72,7 +73,7 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer ex.Close()
-	srv, err := server.New(server.Options{ShmDir: *shmDir, Segment: *segment, Executor: ex, Log: tel.Log, Registry: tel.Registry, Tracer: tel.Tracer,
+	srv, err := server.New(server.Options{ShmDir: *shmDir, Segment: *segment, AcceleratorKeyFile: *accelKey, Executor: ex, Log: tel.Log, Registry: tel.Registry, Tracer: tel.Tracer,
 		CopyStaging: !*zeroCopy})
 	if err != nil {
 		return err

@@ -113,10 +113,20 @@ func runMesh(ctx context.Context, e *env, args []string) error {
 	}
 	env := func(role control.Role) []string { return append(roleEnv(role), common...) }
 	bin := func(name string) string { return filepath.Join(*binDir, name) }
-	if err := m.start("embedder", env(control.RoleEmbedder), bin("embedder"), "--batch-mode", *mode); err != nil {
+	// The accelerator's key, which the embedder makes and the accelerator
+	// presents, is given to those two alone: no frontend can ask for the
+	// accelerator's place (docs/security.md says what the key does and
+	// does not keep out where every process is the same user).
+	keyDir, err := os.MkdirTemp("", "recmesh-run-")
+	if err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	defer os.RemoveAll(keyDir)
+	keyEnv := "RECMESH_ACCELERATOR_KEY_FILE=" + filepath.Join(keyDir, "accelerator.key")
+	if err := m.start("embedder", append(env(control.RoleEmbedder), keyEnv), bin("embedder"), "--batch-mode", *mode); err != nil {
 		return err
 	}
-	if err := m.start("accelerator", env(control.RoleAccelerator), bin("accelerator"), "serve"); err != nil {
+	if err := m.start("accelerator", append(env(control.RoleAccelerator), keyEnv), bin("accelerator"), "serve"); err != nil {
 		m.stop()
 		return err
 	}

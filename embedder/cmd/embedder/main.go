@@ -67,6 +67,8 @@ func run(args []string) error {
 		segment     = fs.String("segment", embedder.DefaultSegment, "segment file name")
 		segmentMode = fs.String("segment-mode", "0600", "permission of the segment socket: 0600 (this user's processes only), or 0660 to admit frontends that run as other users in this process's group (give them --segment-owner-uid)")
 		lanes       = fs.Int("lanes", embedder.DefaultLanes, "frontend lanes (frontends that can attach at once)")
+		lanesPerFE  = fs.Int("lanes-per-frontend", shm.DefaultMaxLanesPerPeer, "most lanes one frontend process may hold, so one cannot lock the others out")
+		accelKey    = fs.String("accelerator-key-file", "", "file holding the secret the accelerator must present to attach, created (mode 0600, a random key) when missing; give the same file to the accelerator and to no frontend (empty: no key; then only the user id keeps frontends from the accelerator's place, see docs/security.md)")
 		mode        = fs.String("batch-mode", "slo", "batching: slo (merge model calls while the device is busy, as large as the latency target allows; shed what cannot meet it), none (one lookup and model call per request), model (merge model calls whenever the device is busy), full (merge lookups and model calls within --batch-window)")
 		target      = fs.Duration("latency-target", batch.DefaultLatencyTarget, "slo mode: the end-to-end p99 budget batches are sized for and requests are admitted against")
 		maxBatch    = fs.Int("max-batch", batch.DefaultMaxBatch, "most examples per batch")
@@ -102,6 +104,15 @@ func run(args []string) error {
 	}
 	if *lanes < 1 || *lanes > 1024 {
 		return fmt.Errorf("--lanes %d: want 1..1024", *lanes)
+	}
+	if *lanesPerFE < 1 || *lanesPerFE > *lanes {
+		return fmt.Errorf("--lanes-per-frontend %d: want 1..--lanes (%d)", *lanesPerFE, *lanes)
+	}
+	var key []byte
+	if *accelKey != "" {
+		if key, err = shm.AcceleratorKeyFile(*accelKey, true); err != nil {
+			return fmt.Errorf("--accelerator-key-file: %w", err)
+		}
 	}
 	if *window < 0 || *window > time.Second {
 		return fmt.Errorf("--batch-window %v: want 0..1s", *window)
@@ -160,7 +171,7 @@ func run(args []string) error {
 		tel.Log.Info("serving the rolled-out model recorded in the model root", "bundle", startBundle, "record", filepath.Join(root.Dir(), model.ServingFile), "flag_bundle", *bundle)
 	}
 	e, err := embedder.New(embedder.Options{
-		Bundle: startBundle, ShmDir: *shmDir, Segment: *segment, SegmentMode: sockMode, Lanes: *lanes,
+		Bundle: startBundle, ShmDir: *shmDir, Segment: *segment, SegmentMode: sockMode, Lanes: *lanes, LanesPerFrontend: *lanesPerFE, AcceleratorKey: key,
 		Mode: m, MaxBatch: *maxBatch, Window: *window, LatencyTarget: *target, SLOBatchBytes: int64(*sloBatchMiB) << 20, Workers: *workers, Staging: *staging, LazySegment: !*reserve,
 		Log: tel.Log, Registry: tel.Registry, OnGeneration: announce, Tracer: tel.Tracer,
 	})
