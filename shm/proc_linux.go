@@ -68,6 +68,60 @@ func pidAlive(pid uint32) bool {
 	return true
 }
 
+// procActivity is what the kernel says a live process is doing, for a peer
+// whose beats are late.
+type procActivity int
+
+const (
+	procIdle    procActivity = iota // every thread sleeps: it waits on something that does not come
+	procBusy                        // a thread runs, waits for a CPU or for the disk: it progresses, slowly
+	procStopped                     // stopped by a signal or a tracer: it will not progress by itself
+	procUnknown                     // /proc did not say
+)
+
+// activity reads the state letter of each of pid's threads. A process whose
+// beats stopped while a thread is runnable is starved (an overloaded host,
+// a throttled container), not hung; one whose threads all sleep is waiting
+// for something that will not come. Only call it for pids from this
+// process's pid namespace.
+func activity(pid uint32) procActivity {
+	dir := "/proc/" + strconv.FormatUint(uint64(pid), 10) + "/task"
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return procUnknown
+	}
+	// The thread asking runs, of course: when a process judges itself (a
+	// test does), that says nothing.
+	self := ""
+	if int(pid) == os.Getpid() {
+		self = strconv.Itoa(unix.Gettid())
+	}
+	stopped := false
+	for _, t := range tasks {
+		if t.Name() == self {
+			continue
+		}
+		b, err := os.ReadFile(dir + "/" + t.Name() + "/stat")
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			continue
+		}
+		switch b[i+2] {
+		case 'R', 'D':
+			return procBusy
+		case 'T', 't':
+			stopped = true
+		}
+	}
+	if stopped {
+		return procStopped
+	}
+	return procIdle
+}
+
 // fsBlock is the size the segment file must be a multiple of: the huge page
 // size on hugetlbfs, where ftruncate and mmap work in whole huge pages, and
 // PageSize elsewhere.

@@ -57,8 +57,10 @@ func TestStuckLoopStopsHeartbeat(t *testing.T) {
 	waitFor(t, 2*time.Second, "the heartbeat to stop", func() bool {
 		return age() > DefaultPulseGap/2
 	})
-	// The process is alive (this one), yet its peers declare it hung.
-	waitFor(t, DefaultHungAfter+2*time.Second, "the owner declared hung", func() bool {
+	// The process is alive (this one), yet its peers declare it hung:
+	// after DefaultHungAfter when its threads sleep, DefaultStarvedAfter
+	// at the latest when one of this test's threads happens to run.
+	waitFor(t, DefaultStarvedAfter+2*time.Second, "the owner declared hung", func() bool {
 		return peer.OwnerAlive(0) != nil
 	})
 	pulse.Tick()

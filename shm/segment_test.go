@@ -66,7 +66,9 @@ func TestAttachRejects(t *testing.T) {
 		{"model", func(s *Segment) {}, AttachOptions{ModelID: "other"}, ErrModel},
 		{"dead owner pid", func(s *Segment) { put32(s.mem, hdrOwnerPid, deadPid) }, AttachOptions{}, ErrOwnerDead},
 		{"stale owner heartbeat", func(s *Segment) {
-			atomic.StoreUint64(s.ownerHB, uint64(monoNow()-int64(2*DefaultHungAfter)))
+			// The owner is this test process, which runs: only a beat
+			// older than a starved process would miss counts.
+			atomic.StoreUint64(s.ownerHB, uint64(monoNow()-int64(DefaultStarvedAfter+time.Second)))
 		}, AttachOptions{}, ErrOwnerDead},
 		{"stale owner heartbeat, other pid namespace", func(s *Segment) {
 			put64(s.mem, hdrOwnerPidNS, s.pidNS+1)
@@ -215,8 +217,13 @@ func TestAcceleratorLiveness(t *testing.T) {
 	if got := s.ExecTime(16); got != 3*time.Millisecond {
 		t.Fatalf("a refused accelerator changed ExecTime(16) to %v", got)
 	}
-	// A heartbeat stale for DefaultHungAfter is death, even with a live pid.
+	// A live pid that runs (this process) is starved, not hung, until
+	// DefaultStarvedAfter (TestPeerAliveJudgesByActivity has the rest).
 	atomic.StoreUint64(acc.accelHB, uint64(monoNow()-int64(2*DefaultHungAfter)))
+	if err := see().AcceleratorAlive(0); err != nil {
+		t.Fatalf("a running accelerator %v behind on beats = %v, want alive", 2*DefaultHungAfter, err)
+	}
+	atomic.StoreUint64(acc.accelHB, uint64(monoNow()-int64(DefaultStarvedAfter+time.Second)))
 	if err := see().AcceleratorAlive(0); !errors.Is(err, ErrAcceleratorDead) {
 		t.Fatalf("stale accelerator = %v, want ErrAcceleratorDead", err)
 	}
