@@ -48,13 +48,9 @@ type dispatcher struct {
 
 // DefaultSLOBatchBytes is SLO mode's default bound on a merged batch's
 // staged rows: 16 MiB, 1,024 examples of the DLRMv2 tables (13 KiB of
-// pooled rows each). On the 2-core development VM, hostbound workload,
-// overload grew batches to 2,048 examples (27 MiB per staging buffer);
-// a 16-example request's lookup then took 341-380 µs instead of
-// 110-120 µs, as the rows the embedder writes and the accelerator copies
-// fell out of the caches, capacity fell below the load, and the queue
-// stayed after the overload ended. Batches of at most 1,024 kept lookups
-// at 118-123 µs through the same overload and recovered at once.
+// pooled rows each). Larger batches push the rows the embedder writes and
+// the accelerator copies out of the caches, so that overload cuts capacity
+// below the load (figures in docs/design.md).
 const DefaultSLOBatchBytes = 16 << 20
 
 // mergeRows is the largest power of two of examples whose staging region

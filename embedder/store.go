@@ -6,9 +6,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/recmesh/recmesh/embedder/hugepage"
 	"github.com/recmesh/recmesh/embedder/lookup"
 	"github.com/recmesh/recmesh/model"
-	"github.com/recmesh/recmesh/shm/hugepage"
 )
 
 // Store is the one copy of the embedding tables in the mesh: every table of

@@ -233,24 +233,13 @@ func (r *BatchReader) Poll() (b Batch, ok bool, err error) {
 }
 
 // Wait returns the next batch, sleeping on the batch doorbell while there
-// is none. It marks the accelerator idle while it waits, so the embedder
-// may seal batches early, and fails with the owner's liveness error when
-// the embedder dies, or with ctx's error.
+// is none. It fails with the owner's liveness error when the embedder
+// dies, or with ctx's error.
 func (r *BatchReader) Wait(ctx context.Context) (Batch, error) {
-	idle := false
-	defer func() {
-		if idle {
-			r.seg.SetAcceleratorIdle(false)
-		}
-	}()
 	for {
 		b, ok, err := r.Poll()
 		if ok || err != nil {
 			return b, err
-		}
-		if !idle {
-			r.seg.SetAcceleratorIdle(true)
-			idle = true
 		}
 		got, err := r.seg.batchBell.Wait(ctx, r.hasWork, DefaultLivenessTick)
 		if err != nil {

@@ -5,10 +5,8 @@
 // staging buffers and batch ring between the embedder and the accelerator,
 // the futex doorbells that wake sleeping consumers, and the liveness rules
 // (heartbeats, pid checks, lane reclaim) that keep a dead process from
-// hanging the others. It also owns how a mesh process counts the CPUs it
-// may use (UsableCPUs: affinity mask and cgroup quota), since how its
-// waiters wait follows from it; the accelerator sizes XLA's threads by
-// the same count.
+// hanging the others. How many CPUs a process may use, which decides
+// whether its waiters spin, is counted by package shm/sched.
 //
 // The package knows nothing about models: payloads and staging buffers are
 // bytes whose meaning the embedder and accelerator agree on. Its only

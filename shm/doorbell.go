@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/recmesh/recmesh/shm/sched"
 )
 
 // Doorbell wakes a consumer in another process. It is a 32-bit futex word
@@ -54,7 +56,23 @@ func newSplitDoorbell(mem []byte, wordOff, waitersOff int) *Doorbell {
 // from the CPUs it may use (SpinFor): the affinity mask and cgroup quota do
 // not change under a running mesh process, and reading them per doorbell
 // would cost a syscall per lane.
-var processSpin = sync.OnceValue(func() time.Duration { return SpinFor(UsableCPUs().Usable) })
+var processSpin = sync.OnceValue(func() time.Duration { return SpinFor(sched.UsableCPUs().Usable) })
+
+// SpinMinCPUs is the fewest usable CPUs at which waiters spin before they
+// sleep. A mesh has three hot processes (a frontend, the embedder, the
+// accelerator) besides its clients: with fewer CPUs than that and one to
+// spare, a waiter that spins takes the core from the process whose work it
+// is waiting for, so it sleeps on the futex at once.
+const SpinMinCPUs = 4
+
+// SpinFor is the spin budget for a process that may use cpus CPUs:
+// DefaultSpin with SpinMinCPUs or more, none below.
+func SpinFor(cpus int) time.Duration {
+	if cpus >= SpinMinCPUs {
+		return DefaultSpin
+	}
+	return 0
+}
 
 // SetSpin sets how long Wait spins before it sleeps (0: sleep at once).
 func (d *Doorbell) SetSpin(spin time.Duration) { d.spin.Store(int64(spin)) }

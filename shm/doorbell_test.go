@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/recmesh/recmesh/shm/sched"
 )
 
 func TestDoorbellWakesSleeper(t *testing.T) {
@@ -82,5 +84,17 @@ func TestDoorbellTimeoutAndCancel(t *testing.T) {
 	}
 	if ok, _ := d.Wait(context.Background(), func() bool { return true }, 0); !ok {
 		t.Fatal("a true condition must return at once")
+	}
+}
+
+func TestSpinFor(t *testing.T) {
+	if SpinFor(1) != 0 || SpinFor(SpinMinCPUs-1) != 0 {
+		t.Error("waiters spin with fewer usable CPUs than the mesh has hot processes")
+	}
+	if SpinFor(SpinMinCPUs) != DefaultSpin || SpinFor(64) != DefaultSpin {
+		t.Error("waiters do not spin with CPUs to spare")
+	}
+	if processSpin() != SpinFor(sched.UsableCPUs().Usable) {
+		t.Error("the process's spin budget is not derived from its usable CPUs")
 	}
 }

@@ -53,7 +53,7 @@ const (
 
 // LayoutVersion is stored in every header. Attach refuses any other value:
 // the layout below is the only one this code can read.
-const LayoutVersion = 3
+const LayoutVersion = 4
 
 // segmentMagic identifies a recmesh segment: the ASCII bytes "rmshseg1" read
 // as a big-endian integer, so a hex dump of the file shows them.
@@ -99,7 +99,7 @@ const segmentMagic uint64 = 0x726d_7368_7365_6731
 //	392      8  accelerator pid namespace (atomic)    [accel page] accelerator; mirror: owner
 //	400      8  accelerator heartbeat (atomic)        [accel page] accelerator, every beat; mirror: owner
 //	512      8  completed batch seq (atomic)          [accel page] accelerator, per batch
-//	520      4  accelerator idle (atomic)             [accel page] accelerator
+//	520      8  executed batch seq (atomic)           [accel page] accelerator, per batch
 //	640    128  embedder doorbell waiter count        embedder (futex word: bell page)
 //	768    128  batch doorbell                        [accel page] embedder rings, accelerator waits
 //	896    128  staging doorbell                      [accel page] accelerator rings, embedder waits
@@ -138,12 +138,11 @@ const (
 
 	hdrProgress     = hdrAccel + LinePair
 	hdrCompletedSeq = hdrProgress + 0
-	hdrAccelIdle    = hdrProgress + 8
 	// hdrExecutedSeq is the seq of the last batch the device finished
 	// executing: ahead of hdrCompletedSeq by the time completions take to
 	// write, so the embedder sees the device idle before the first caller
 	// has its answer (and sends the next request).
-	hdrExecutedSeq = hdrProgress + 16
+	hdrExecutedSeq = hdrProgress + 8
 
 	hdrEmbedderBell = hdrProgress + LinePair
 	hdrBatchBell    = hdrEmbedderBell + LinePair

@@ -5,9 +5,9 @@ import (
 	"unsafe"
 )
 
-// This file, vm_linux.go and futex_linux.go are the only users of unsafe.
-// Everything else reads the mapping through byte slices (bounds-checked)
-// and the word pointers made here.
+// This file, vm_linux.go, futex_linux.go and uringwait_linux.go are the
+// only users of unsafe outside tests. Everything else reads the mapping
+// through byte slices (bounds-checked) and the word pointers made here.
 
 // word32 returns the 4-byte word at off in b for sync/atomic. The slice
 // expression bounds-checks the whole word, so a bad offset panics inside

@@ -1,10 +1,8 @@
 package shm
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"math/bits"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +12,11 @@ import (
 
 	"golang.org/x/sys/unix"
 )
+
+// This file holds the Segment type and its life: Create, Attach, the views
+// built over a mapped image, and Close. What each role does with a segment
+// is in its own file: owner.go (the embedder's words), accelerator.go (the
+// accelerator's) and liveness.go (how each judges the others).
 
 // Segment is one process's mapping of a segment. The creator (Create) is
 // the owner: the embedder of that generation. Everyone else attaches
@@ -48,7 +51,6 @@ type Segment struct {
 	accelHB     *uint64
 	completed   *uint64
 	executed    *uint64
-	accelIdle   *uint32
 	execTable   [ExecTableBuckets]*uint64 // words in the accelerator page
 	batchTail   *uint64
 	embedder    *Doorbell
@@ -80,40 +82,18 @@ func Create(opts Options) (*Segment, error) {
 	return s, nil
 }
 
+// create is Create at a checked path. The memfds are made, mapped,
+// initialised and sealed before the socket is renamed into place, and all
+// of it is undone on any failure.
 func create(path string, o Options) (*Segment, error) {
-	if len(o.ModelID) > ModelIDBytes {
-		return nil, fmt.Errorf("model id longer than %d bytes", ModelIDBytes)
-	}
-	lay, err := computeLayout(o.Geometry)
+	lay, blk, err := prepareCreate(o)
 	if err != nil {
 		return nil, err
 	}
-	if o.Mode.Perm()&0o002 != 0 {
-		return nil, fmt.Errorf("%w: mode %v is writable by every user, and attach refuses such a segment", ErrUnsafeFile, o.Mode.Perm())
-	}
-	if err := ensureDir(o.Dir, o.Mode); err != nil {
-		return nil, err
-	}
-	// Huge pages when the directory is a hugetlbfs mount, as when the
-	// segment was a file there: the staging buffers, the one large region
-	// a device reads, get them.
-	blk, err := fsBlock(o.Dir)
+	gen, err := nextGeneration(path, o.Generation)
 	if err != nil {
-		return nil, fmt.Errorf("statfs: %w", err)
-	}
-	if err := setUndumpable(); err != nil {
 		return nil, err
 	}
-
-	prev := existingGeneration(path)
-	gen := o.Generation
-	switch {
-	case gen == 0:
-		gen = prev + 1
-	case gen <= prev:
-		return nil, fmt.Errorf("%w: generation %d is not newer than %d already at the path", ErrGeneration, gen, prev)
-	}
-
 	z := lay.memfdSizes(o.Geometry, blk)
 	// On hugetlbfs the huge page pool bounds the staging memfd itself
 	// (fallocate fails with ENOSPC), and its free count says nothing of
@@ -123,11 +103,7 @@ func create(path string, o Options) (*Segment, error) {
 			return nil, err
 		}
 	}
-	b := &broker{reserve: o.Reserve, block: blk, z: z, accel: map[*brokerConn]bool{}, conns: map[*brokerConn]bool{},
-		claims: map[peerKey][]laneClaim{}, key: o.AcceleratorKey, maxLanes: o.MaxLanesPerPeer}
-	for i := range b.fds {
-		b.fds[i] = -1
-	}
+	b := newBroker(o, blk, z)
 	var vm *vmRange
 	var ln *wireConn
 	var tmp string
@@ -144,39 +120,130 @@ func create(path string, o Options) (*Segment, error) {
 		closeAll(b.fds[:])
 		closeAll(b.lanes)
 	}()
+	if err := b.makeMemfds(o.Geometry.Lanes); err != nil {
+		return nil, err
+	}
+	if vm, err = reserveVM(z.vm, lay.stagingData); err != nil {
+		return nil, err
+	}
+	if err := mapImage(vm, lay, z, b, o.Geometry); err != nil {
+		return nil, err
+	}
+	s := initOwner(path, vm, lay, gen, o)
+	if err := b.sealMemfds(); err != nil {
+		return nil, err
+	}
+	if ln, tmp, err = listenSegmentSocket(filepath.Dir(path), filepath.Base(path), o.Mode); err != nil {
+		return nil, err
+	}
+	if err := s.publish(b, ln, tmp); err != nil {
+		return nil, err
+	}
+	ok = true
+	return s, nil
+}
+
+// prepareCreate checks what Create is asked for, makes the directory, and
+// returns the layout and the staging memfd's page size. It makes the
+// process non-dumpable (setUndumpable) before any memory is made.
+func prepareCreate(o Options) (layout, int, error) {
+	if len(o.ModelID) > ModelIDBytes {
+		return layout{}, 0, fmt.Errorf("model id longer than %d bytes", ModelIDBytes)
+	}
+	lay, err := computeLayout(o.Geometry)
+	if err != nil {
+		return layout{}, 0, err
+	}
+	if o.Mode.Perm()&0o002 != 0 {
+		return layout{}, 0, fmt.Errorf("%w: mode %v is writable by every user, and attach refuses such a segment", ErrUnsafeFile, o.Mode.Perm())
+	}
+	if err := ensureDir(o.Dir, o.Mode); err != nil {
+		return layout{}, 0, err
+	}
+	// Huge pages when the directory is a hugetlbfs mount, as when the
+	// segment was a file there: the staging buffers, the one large region
+	// a device reads, get them.
+	blk, err := fsBlock(o.Dir)
+	if err != nil {
+		return layout{}, 0, fmt.Errorf("statfs: %w", err)
+	}
+	if err := setUndumpable(); err != nil {
+		return layout{}, 0, err
+	}
+	return lay, blk, nil
+}
+
+// nextGeneration is the generation a new segment at path gets: want, or
+// one past the generation already there when want is 0. A generation not
+// newer than the one at the path is refused (ErrGeneration).
+func nextGeneration(path string, want uint64) (uint64, error) {
+	prev := existingGeneration(path)
+	gen := want
+	switch {
+	case gen == 0:
+		gen = prev + 1
+	case gen <= prev:
+		return 0, fmt.Errorf("%w: generation %d is not newer than %d already at the path", ErrGeneration, gen, prev)
+	}
+	return gen, nil
+}
+
+// newBroker makes the owner's broker, holding no memfd yet.
+func newBroker(o Options, blk int, z sizes) *broker {
+	b := &broker{reserve: o.Reserve, block: blk, z: z, accel: map[*brokerConn]bool{}, conns: map[*brokerConn]bool{},
+		claims: map[peerKey][]laneClaim{}, key: o.AcceleratorKey, maxLanes: o.MaxLanesPerPeer}
+	for i := range b.fds {
+		b.fds[i] = -1
+	}
+	return b
+}
+
+// makeMemfds makes the shared memfds and one per lane, at the sizes of
+// b.z. On failure the caller closes the ones made.
+func (b *broker) makeMemfds(lanes int) error {
 	names := [numShared]string{"recmesh-header", "recmesh-bell", "recmesh-core", "recmesh-staging"}
 	for i := range b.fds {
 		block := PageSize
 		if i == fdStaging {
-			block = blk
+			block = b.block
 		}
-		if b.fds[i], err = newMemfd(names[i], z.shared[i], block, o.Reserve); err != nil {
-			return nil, err
+		var err error
+		if b.fds[i], err = newMemfd(names[i], b.z.shared[i], block, b.reserve); err != nil {
+			return err
 		}
 	}
-	for i := 0; i < o.Geometry.Lanes; i++ {
-		fd, err := newMemfd(fmt.Sprintf("recmesh-lane-%d", i), z.lane, PageSize, o.Reserve)
+	for i := 0; i < lanes; i++ {
+		fd, err := newMemfd(fmt.Sprintf("recmesh-lane-%d", i), b.z.lane, PageSize, b.reserve)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		b.lanes = append(b.lanes, fd)
 	}
-	b.dirty = make([]bool, o.Geometry.Lanes)
-	if vm, err = reserveVM(z.vm, lay.stagingData); err != nil {
-		return nil, err
-	}
+	b.dirty = make([]bool, lanes)
+	return nil
+}
+
+// mapImage maps every memfd of b, read-write, at its place in the
+// reserved image.
+func mapImage(vm *vmRange, lay layout, z sizes, b *broker, g Geometry) error {
 	for _, p := range lay.sharedPieces(z) {
 		if err := vm.mapFixed(p.off, p.n, b.fds[p.kind], p.fdOff, true); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for i, fd := range b.lanes {
-		for _, p := range lay.lanePieces(i, o.Geometry) {
+		for _, p := range lay.lanePieces(i, g) {
 			if err := vm.mapFixed(p.off, p.n, fd, p.fdOff, true); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
+	return nil
+}
+
+// initOwner writes the header of the mapped image and builds the owner's
+// Segment over it, beating and ready.
+func initOwner(path string, vm *vmRange, lay layout, gen uint64, o Options) *Segment {
 	mem := vm.bytes(lay.total)
 	writeSegmentHeader(mem, o, lay, gen, lay.total)
 	s := newSegment(path, mem, o.Geometry, lay, gen, o.ModelID, DefaultStaleAfter)
@@ -186,41 +253,46 @@ func create(path string, o Options) (*Segment, error) {
 	put64(mem, hdrOwnerPidNS, s.pidNS)
 	s.Beat()
 	atomic.StoreUint32(s.state, uint32(StateReady))
+	return s
+}
 
-	// Sealed now that the owner's writable mapping of the header exists:
-	// it stays the only one.
+// sealMemfds seals every memfd. It comes once the owner's writable mapping
+// of the header exists: the header's seal keeps it the only one.
+func (b *broker) sealMemfds() error {
 	for i, fd := range b.fds {
 		seals := baseSeals
 		if i == fdHeader {
 			seals |= unix.F_SEAL_FUTURE_WRITE
 		}
 		if err := seal(fd, seals); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for _, fd := range b.lanes {
 		if err := seal(fd, baseSeals); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	return nil
+}
 
-	if ln, tmp, err = listenSegmentSocket(filepath.Dir(path), filepath.Base(path), o.Mode); err != nil {
-		return nil, err
-	}
+// publish hands the complete segment to b and renames the socket bound at
+// tmp over s.path, where attachers find it; a segment of this process
+// already there is told to drain first.
+func (s *Segment) publish(b *broker, ln *wireConn, tmp string) error {
 	var st unix.Stat_t
 	if err := unix.Stat(tmp, &st); err != nil {
-		return nil, err
+		return err
 	}
 	s.dev, s.ino = uint64(st.Dev), st.Ino
 	b.s, b.ln = s, ln
 	s.br = b
-	markDraining(path)
-	if err := os.Rename(tmp, path); err != nil {
-		return nil, err
+	markDraining(s.path)
+	if err := os.Rename(tmp, s.path); err != nil {
+		return err
 	}
 	b.start()
-	ok = true
-	return s, nil
+	return nil
 }
 
 // existingGeneration asks the broker at path for its generation: 0 when
@@ -331,7 +403,6 @@ func newSegment(path string, mem []byte, g Geometry, lay layout, gen uint64, mod
 		ownerHB:     word64(mem, hdrOwnerHeartbeat),
 		completed:   word64(mem, acc+hdrCompletedSeq),
 		executed:    word64(mem, acc+hdrExecutedSeq),
-		accelIdle:   word32(mem, acc+hdrAccelIdle),
 		batchTail:   word64(mem, lay.batchRing+ringTail),
 		embedder:    newSplitDoorbell(mem, lay.bell+bellWord, hdrEmbedderBell+bellWaiters),
 		batchBell:   newDoorbell(mem, acc+hdrBatchBell),
@@ -347,43 +418,6 @@ func newSegment(path string, mem []byte, g Geometry, lay layout, gen uint64, mod
 	}
 	s.staging = s.newStagings()
 	return s
-}
-
-// useAccelPage points the accelerator's words at the accelerator page,
-// where the accelerator writes them: the owner's and the accelerator's
-// view.
-func (s *Segment) useAccelPage() { s.pointAccel(s.lay.accel) }
-
-// useAccelMirror points them at the header's copy, the only one a
-// frontend maps.
-func (s *Segment) useAccelMirror() { s.pointAccel(0) }
-
-func (s *Segment) pointAccel(base int) {
-	s.accelPid = word32(s.mem, base+hdrAccelPid)
-	s.accelState = word32(s.mem, base+hdrAccelState)
-	s.accelPidNS = word64(s.mem, base+hdrAccelPidNS)
-	s.accelHB = word64(s.mem, base+hdrAccelHeartbeat)
-}
-
-// mirrorAccel copies the accelerator's liveness words into the header,
-// where frontends read them. Owner only; every beat. The state goes last,
-// so a frontend that sees "running" sees the pid it belongs to.
-func (s *Segment) mirrorAccel() {
-	m := s.mem
-	atomic.StoreUint32(word32(m, hdrAccelPid), atomic.LoadUint32(s.accelPid))
-	atomic.StoreUint64(word64(m, hdrAccelPidNS), atomic.LoadUint64(s.accelPidNS))
-	atomic.StoreUint64(word64(m, hdrAccelHeartbeat), atomic.LoadUint64(s.accelHB))
-	atomic.StoreUint32(word32(m, hdrAccelState), atomic.LoadUint32(s.accelState))
-}
-
-// identify records the socket's device and inode for Remove.
-func (s *Segment) identify() error {
-	var st unix.Stat_t
-	if err := unix.Stat(s.path, &st); err != nil {
-		return err
-	}
-	s.dev, s.ino = uint64(st.Dev), st.Ino
-	return nil
 }
 
 // Path is the segment's path (its broker's socket).
@@ -403,259 +437,6 @@ func (s *Segment) IsOwner() bool { return s.owner }
 
 // State reads the segment state word.
 func (s *Segment) State() State { return State(atomic.LoadUint32(s.state)) }
-
-// Drain marks the segment draining: frontends stop submitting and move to
-// the next generation while in-flight work completes. Owner only.
-func (s *Segment) Drain() error {
-	if !s.owner {
-		return fmt.Errorf("shm: drain %s: %w", s.path, ErrNotOwner)
-	}
-	atomic.CompareAndSwapUint32(s.state, uint32(StateReady), uint32(StateDraining))
-	return nil
-}
-
-// Beat stamps the owner heartbeat and refreshes the header's copy of the
-// accelerator's liveness words. The owner calls it at least every
-// DefaultHeartbeatInterval (see Heartbeat).
-func (s *Segment) Beat() {
-	atomic.StoreUint64(s.ownerHB, uint64(monoNow()))
-	if s.owner {
-		s.mirrorAccel()
-	}
-}
-
-// Heartbeat beats as owner every interval (0: DefaultHeartbeatInterval)
-// while pulse is Live (nil: always), until ctx is done, and returns ctx's
-// error. The caller owns the goroutine that runs it.
-func (s *Segment) Heartbeat(ctx context.Context, interval time.Duration, pulse *Pulse) error {
-	return beatLoop(ctx, interval, pulse, s.Beat)
-}
-
-func beatLoop(ctx context.Context, interval time.Duration, pulse *Pulse, beat func()) error {
-	if interval <= 0 {
-		interval = DefaultHeartbeatInterval
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		if pulse == nil || pulse.Live(0) {
-			beat()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-}
-
-// OwnerAlive returns nil while the owner is serving: the state word is not
-// closed and the owner passes the liveness rule (see peerAlive: pid check
-// when the pid namespace is shared, else a heartbeat younger than
-// staleAfter, 0 meaning the value given to Attach). Otherwise it returns an
-// error wrapping ErrClosed or ErrOwnerDead.
-func (s *Segment) OwnerAlive(staleAfter time.Duration) error {
-	if s.State() == StateClosed {
-		return fmt.Errorf("shm: %s: %w", s.path, ErrClosed)
-	}
-	pid := get32(s.mem, hdrOwnerPid)
-	if s.owner && pid == s.pid {
-		return nil // we are the owner and we are running
-	}
-	if err := s.peerAlive(pid, get64(s.mem, hdrOwnerPidNS), atomic.LoadUint64(s.ownerHB), staleAfter); err != nil {
-		return fmt.Errorf("shm: %s: %w: owner pid %d %v", s.path, ErrOwnerDead, pid, err)
-	}
-	return nil
-}
-
-// peerAlive applies the liveness rule to one peer. When the peer shares
-// this process's pid namespace, a pid that has exited is dead at once; a
-// live pid whose beats stopped for DefaultHungAfter is dead when the kernel
-// says it is stopped or that every thread of it sleeps (its work loop waits
-// for something that will not come, so its pulse stopped the beats), and
-// otherwise (a thread runs or waits for a CPU: an overloaded host starves
-// it, it is not hung) only after DefaultStarvedAfter. A peer in another
-// namespace is judged by its heartbeat alone, with staleAfter (0: the
-// segment's value). The returned error only says why; callers wrap it.
-func (s *Segment) peerAlive(pid uint32, pidNS, heartbeat uint64, staleAfter time.Duration) error {
-	if staleAfter <= 0 {
-		staleAfter = s.stale
-	}
-	// A heartbeat from the future is as suspect as an old one: it is either
-	// corrupt or written under another clock.
-	age := time.Duration(monoNow() - int64(heartbeat))
-	if pidNS != 0 && pidNS == s.pidNS {
-		if !pidAlive(pid) {
-			return errors.New("has exited")
-		}
-		hung := max(staleAfter, DefaultHungAfter)
-		if age <= hung && age >= -hung {
-			return nil
-		}
-		switch activity(pid) {
-		case procBusy:
-			if age <= DefaultStarvedAfter && age >= -DefaultStarvedAfter {
-				return nil
-			}
-			return fmt.Errorf("heartbeat is %v old though it runs (limit %v)", age, DefaultStarvedAfter)
-		case procStopped:
-			return fmt.Errorf("is stopped, heartbeat %v old (limit %v)", age, hung)
-		default:
-			return fmt.Errorf("heartbeat is %v old and it sleeps (limit %v)", age, hung)
-		}
-	}
-	if age > staleAfter || age < -staleAfter {
-		return fmt.Errorf("heartbeat is %v old (limit %v)", age, staleAfter)
-	}
-	return nil
-}
-
-// ExecEstimate is one bucket's expected execution time (SetExecTime).
-type ExecEstimate struct {
-	Bucket int
-	Time   time.Duration
-}
-
-// SetAccelerator records pid as the segment's accelerator. It fails with
-// ErrAcceleratorPresent while another live accelerator holds the segment;
-// a dead or detached one is replaced. The execution time estimates are
-// published before the accelerator shows as running, so the embedder's
-// first batch after it is planned with them.
-func (s *Segment) SetAccelerator(pid int, exec ...ExecEstimate) error {
-	// An attacher first needs the accelerator's memory from the broker,
-	// which refuses while a live accelerator holds the segment.
-	if s.cl != nil {
-		if err := s.becomeAccelerator(pid); err != nil {
-			return err
-		}
-	}
-	cur := atomic.LoadUint32(s.accelPid)
-	if cur != 0 && cur != uint32(pid) && atomic.LoadUint32(s.accelState) == accelRunning &&
-		s.peerAlive(cur, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), 0) == nil {
-		return fmt.Errorf("shm: %s: %w: pid %d", s.path, ErrAcceleratorPresent, cur)
-	}
-	if !atomic.CompareAndSwapUint32(s.accelPid, cur, uint32(pid)) {
-		return fmt.Errorf("shm: %s: %w: lost the race to attach", s.path, ErrAcceleratorPresent)
-	}
-	// The accelerator is the batch doorbell's only waiter; a predecessor
-	// killed in its sleep left its registration behind.
-	s.batchBell.reset()
-	// Namespace and heartbeat before the state, so a frontend that sees
-	// "running" judges a fresh heartbeat.
-	atomic.StoreUint64(s.accelPidNS, s.pidNS)
-	for _, e := range exec {
-		s.SetExecTime(e.Bucket, e.Time)
-	}
-	s.AcceleratorBeat()
-	atomic.StoreUint32(s.accelState, accelRunning)
-	s.isAccel.Store(true)
-	return nil
-}
-
-// DetachAccelerator marks the accelerator gone after a clean shutdown, so
-// frontends fail in-flight work at once instead of waiting for staleness.
-// Close does it for a process that called SetAccelerator.
-func (s *Segment) DetachAccelerator() {
-	if s.isAccel.CompareAndSwap(true, false) {
-		atomic.StoreUint32(s.accelState, accelGone)
-	}
-}
-
-// AcceleratorBeat stamps the accelerator heartbeat.
-func (s *Segment) AcceleratorBeat() { atomic.StoreUint64(s.accelHB, uint64(monoNow())) }
-
-// AcceleratorHeartbeat beats as accelerator every interval while pulse is
-// Live (nil: always) until ctx is done, and returns ctx's error.
-func (s *Segment) AcceleratorHeartbeat(ctx context.Context, interval time.Duration, pulse *Pulse) error {
-	return beatLoop(ctx, interval, pulse, s.AcceleratorBeat)
-}
-
-// AcceleratorAlive returns nil while an accelerator is running and alive,
-// an error wrapping ErrNoAccelerator before one has attached, and an error
-// wrapping ErrAcceleratorDead when it detached, exited or stopped beating.
-func (s *Segment) AcceleratorAlive(staleAfter time.Duration) error {
-	switch st := atomic.LoadUint32(s.accelState); st {
-	case accelNone:
-		return fmt.Errorf("shm: %s: %w", s.path, ErrNoAccelerator)
-	case accelGone:
-		return fmt.Errorf("shm: %s: %w: detached", s.path, ErrAcceleratorDead)
-	case accelRunning:
-	default:
-		return fmt.Errorf("shm: %s: %w: accelerator state %d", s.path, ErrCorrupt, st)
-	}
-	pid := atomic.LoadUint32(s.accelPid)
-	if err := s.peerAlive(pid, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), staleAfter); err != nil {
-		return fmt.Errorf("shm: %s: %w: pid %d %v", s.path, ErrAcceleratorDead, pid, err)
-	}
-	return nil
-}
-
-// PeersAlive is the check a frontend runs while it waits: the owner must be
-// alive, and so must the accelerator once one has attached.
-func (s *Segment) PeersAlive() error {
-	if err := s.OwnerAlive(0); err != nil {
-		return err
-	}
-	if err := s.AcceleratorAlive(0); err != nil && !errors.Is(err, ErrNoAccelerator) {
-		return err
-	}
-	return nil
-}
-
-// SetAcceleratorIdle publishes whether the accelerator is waiting for work,
-// so the embedder can seal a batch early instead of waiting out its window.
-func (s *Segment) SetAcceleratorIdle(idle bool) {
-	var v uint32
-	if idle {
-		v = 1
-	}
-	if atomic.LoadUint32(s.accelIdle) != v {
-		atomic.StoreUint32(s.accelIdle, v)
-	}
-}
-
-// AcceleratorIdle reports the accelerator's idle word.
-func (s *Segment) AcceleratorIdle() bool { return atomic.LoadUint32(s.accelIdle) != 0 }
-
-// SetExecTime publishes the accelerator's expected execution time of a
-// power-of-two bucket (0: unknown). Buckets beyond the table are ignored.
-func (s *Segment) SetExecTime(bucket int, d time.Duration) {
-	if i, ok := execIndex(bucket); ok {
-		atomic.StoreUint64(s.execTable[i], uint64(max(d, 0)))
-	}
-}
-
-// ExecTime is the expected execution time of a power-of-two bucket, 0 when
-// the accelerator has not published one. The words are read from shared
-// memory another process writes, so a value is only ever a prediction:
-// callers bound what they do with it.
-func (s *Segment) ExecTime(bucket int) time.Duration {
-	if i, ok := execIndex(bucket); ok {
-		return time.Duration(atomic.LoadUint64(s.execTable[i]))
-	}
-	return 0
-}
-
-func execIndex(bucket int) (int, bool) {
-	if bucket < 1 || bucket&(bucket-1) != 0 {
-		return 0, false
-	}
-	i := bits.TrailingZeros(uint(bucket))
-	return i, i < ExecTableBuckets
-}
-
-// CompletedSeq is the seq of the last batch the accelerator finished.
-func (s *Segment) CompletedSeq() uint64 { return atomic.LoadUint64(s.completed) }
-
-// ExecutedSeq is the seq of the last batch the device finished executing
-// (BatchReader.Executed); its completions may still be being written. At
-// least CompletedSeq.
-func (s *Segment) ExecutedSeq() uint64 {
-	return max(atomic.LoadUint64(s.executed), atomic.LoadUint64(s.completed))
-}
-
-// PublishedSeq is the seq of the last batch the embedder published.
-func (s *Segment) PublishedSeq() uint64 { return atomic.LoadUint64(s.batchTail) }
 
 // EmbedderBell is the doorbell frontends ring after publishing a request.
 func (s *Segment) EmbedderBell() *Doorbell { return s.embedder }
@@ -731,30 +512,6 @@ func (s *Segment) Remove() error {
 	}
 	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("shm: remove %s: %w", s.path, err)
-	}
-	return nil
-}
-
-// checkRoom refuses a reserved segment larger than the free space of its
-// directory. Memfd pages are charged to the memory cgroup, not to the
-// directory's filesystem, but deployments size the segment's directory
-// for it (docker --shm-size, the Kubernetes emptyDir's sizeLimit): that
-// stays the knob, and a segment that does not fit is an error at start
-// naming it, as when the segment was a file there.
-func checkRoom(dir string, z sizes, lanes int) error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	need := int64(z.lane) * int64(lanes)
-	for _, n := range z.shared {
-		need += int64(n)
-	}
-	if st.Bavail == ^uint64(0) {
-		return nil // no limit
-	}
-	if free := int64(st.Bavail) * st.Bsize; free < need {
-		return fmt.Errorf("reserve %d bytes: %s has %d bytes free: %w", need, dir, free, unix.ENOSPC)
 	}
 	return nil
 }

@@ -249,9 +249,8 @@ func TestAcceleratorLiveness(t *testing.T) {
 	if err := other.SetAccelerator(os.Getpid()); err != nil {
 		t.Fatal(err)
 	}
-	other.SetAcceleratorIdle(true)
-	if !s.AcceleratorIdle() {
-		t.Fatal("idle word not visible")
+	if err := see().AcceleratorAlive(0); err != nil {
+		t.Fatalf("replacement accelerator: %v", err)
 	}
 }
 
@@ -261,7 +260,7 @@ func TestHeaderLayoutFits(t *testing.T) {
 	}
 	for name, off := range map[string]int{
 		"state": hdrState, "owner heartbeat": hdrOwnerHeartbeat, "accel heartbeat": hdrAccelHeartbeat,
-		"completed": hdrCompletedSeq, "lane heartbeat": laneHeartbeat, "drain seq": laneDrainSeq,
+		"completed": hdrCompletedSeq, "executed": hdrExecutedSeq, "lane heartbeat": laneHeartbeat, "drain seq": laneDrainSeq,
 		"ring head": ringHead, "slot cancel": slotCancel,
 	} {
 		if off%8 != 0 && name != "state" {
@@ -327,5 +326,18 @@ func TestFileIdentityFollowsTheFile(t *testing.T) {
 	}
 	if _, err := FileIdentity(filepath.Join(dir, "missing")); err == nil {
 		t.Fatal("a missing file has an identity")
+	}
+}
+
+func TestExecTable(t *testing.T) {
+	seg := newTestSegment(t, testGeometry())
+	seg.SetExecTime(16, 3*time.Millisecond)
+	seg.SetExecTime(3, time.Second)     // not a power of two: ignored
+	seg.SetExecTime(1<<20, time.Second) // beyond the table: ignored
+	if got := seg.ExecTime(16); got != 3*time.Millisecond {
+		t.Errorf("ExecTime(16) = %v", got)
+	}
+	if seg.ExecTime(8) != 0 || seg.ExecTime(3) != 0 || seg.ExecTime(1<<20) != 0 || seg.ExecTime(0) != 0 {
+		t.Error("an unset or invalid bucket has a time")
 	}
 }

@@ -20,7 +20,7 @@ type vmRange struct {
 }
 
 // hugeAlign is the alignment of the staging data in the address space, so
-// that a huge-page memfd can be mapped there (hugepage.HugePageSize).
+// that a huge-page memfd can be mapped there (2 MiB pages).
 const hugeAlign = 2 << 20
 
 // reserveVM reserves size bytes of address space such that base+alignAt

@@ -6,11 +6,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recmesh/recmesh/shm"
+	"github.com/recmesh/recmesh/shm/sched"
 )
 
 func TestThreadCount(t *testing.T) {
-	usable := func() shm.CPUs { return shm.CPUs{Usable: 3, Affinity: 6, Quota: 3} }
+	usable := func() sched.CPUs { return sched.CPUs{Usable: 3, Affinity: 6, Quota: 3} }
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 	for _, tc := range []struct {
 		explicit int
@@ -67,7 +67,7 @@ func TestOpenSizesXLAThreads(t *testing.T) {
 		}
 		want := threads
 		if want == 0 {
-			want = shm.UsableCPUs().Usable
+			want = sched.UsableCPUs().Usable
 		}
 		got := countThreads(t, "tf_XLAEigen") - before
 		if rt.Threads != want || got != want {

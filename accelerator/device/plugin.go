@@ -14,7 +14,7 @@ import (
 
 	"github.com/gomlx/gopjrt/pjrt"
 
-	"github.com/recmesh/recmesh/shm"
+	"github.com/recmesh/recmesh/shm/sched"
 )
 
 // BindingAPI is the PJRT C API version of the header gopjrt v0.10.0 was
@@ -121,7 +121,7 @@ type Runtime struct {
 // Options tune the client Open creates.
 type Options struct {
 	// Threads sizes the CPU plugin's thread pools. Default (0): the usable
-	// cores (shm.UsableCPUs: the affinity mask capped by the cgroup quota),
+	// cores (sched.UsableCPUs: the affinity mask capped by the cgroup quota),
 	// unless PJRT_NPROC or NPROC is set in the environment, which XLA then
 	// reads itself.
 	Threads int
@@ -176,7 +176,7 @@ func OpenWith(explicit string, log *slog.Logger, opts Options) (*Runtime, error)
 	}
 	rt := &Runtime{Plugin: plugin, Path: path, APIMajor: major, APIMinor: minor}
 	if IsCPUPlugin(path) {
-		rt.Threads, rt.ThreadsFrom = threadCount(opts.Threads, os.Getenv, shm.UsableCPUs)
+		rt.Threads, rt.ThreadsFrom = threadCount(opts.Threads, os.Getenv, sched.UsableCPUs)
 		rt.CPUDeviceCount = cpuDeviceCount
 		restore := setEnv(envPJRTNProc, strconv.Itoa(rt.Threads))
 		rt.Client, err = plugin.NewClient(pjrt.NamedValuesMap{"cpu_device_count": int64(cpuDeviceCount)})
@@ -213,7 +213,7 @@ func IsCPUPlugin(path string) bool {
 // threadCount decides the size of XLA's CPU thread pools: explicit when
 // positive, else what the environment already tells XLA (PJRT_NPROC, then
 // NPROC, XLA's own order), else the usable cores.
-func threadCount(explicit int, getenv func(string) string, usable func() shm.CPUs) (int, string) {
+func threadCount(explicit int, getenv func(string) string, usable func() sched.CPUs) (int, string) {
 	if explicit > 0 {
 		return explicit, "option"
 	}

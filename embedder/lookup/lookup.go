@@ -27,19 +27,10 @@ import (
 const Dim = 128
 
 // DefaultPrefetchRows is how many rows ahead of the row being summed the
-// amd64 kernels prefetch (8 cache lines each, into L2: PREFETCHT2). A
-// prefetch into L1 holds one of the core's few line fill buffers until its
-// line arrives, so with the loads' own misses it capped the lines in
-// flight near where the out-of-order window alone gets them: prefetching
-// into L1 was only a few percent ahead of none. Prefetching into L2 leaves
-// the fill buffers to the loads, which then hit L2. Measured with
-// cmd/lookupbench on the 3.2 GB tables (2-vCPU Sapphire Rapids VM, THP,
-// B=128, ids beyond the last-level cache): 76-78k examples per
-// core-second prefetching 16 rows into L1, 98-105k prefetching 32 to 64
-// rows into L2, 48 rows best; in the mesh (hostbound, B_req 16, C=16, one
-// core) 44.7-45.3k examples/s became 54.9-55.6k. Where the rows are
-// already in the last-level cache (ids cycling through 28 MB) the L1
-// prefetch was about 10% faster.
+// amd64 kernels prefetch (8 cache lines each, into L2: PREFETCHT2). They
+// prefetch into L2 because a prefetch into L1 holds one of the core's few
+// line fill buffers until its line arrives, leaving too few to the loads'
+// own misses (figures in docs/design.md).
 const DefaultPrefetchRows = 48
 
 // ErrBadID is wrapped by every error about an id outside its table.

@@ -15,6 +15,7 @@ import (
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"
+	"github.com/recmesh/recmesh/shm/sched"
 	"github.com/recmesh/recmesh/telemetry"
 )
 
@@ -29,12 +30,12 @@ func runServe(ctx context.Context, args []string) error {
 	natsURL := fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: none)")
 	zeroCopy := fs.Bool("zero-copy-staging", true, "let the device read batches in place from the segment's staging buffers (a sealed memfd only the embedder and the accelerator hold); false copies each batch into private memory first, one memcpy per batch")
 	modelRoot := fs.String("model-root", "", "directory rollouts may load bundles from, where the serving model is recorded (empty: the directory holding --bundle)")
-	schedBatch := fs.Bool("sched-batch", true, shm.SchedBatchUsage+" (XLA's threads, started later, inherit it)")
+	schedBatch := fs.Bool("sched-batch", true, sched.BatchUsage+" (XLA's threads, started later, inherit it)")
 	if err := c.parse(fs, args); err != nil {
 		return err
 	}
 	if *schedBatch {
-		if err := shm.UseBatchScheduling(); err != nil {
+		if err := sched.UseBatchScheduling(); err != nil {
 			return fmt.Errorf("--sched-batch: %w (--sched-batch=false keeps the default policy)", err)
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"
+	"github.com/recmesh/recmesh/shm/sched"
 	"github.com/recmesh/recmesh/telemetry"
 	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
@@ -79,7 +80,7 @@ func run(args []string) error {
 		reserve     = fs.Bool("reserve-segment", true, "reserve each segment's memory when it is created, so a full --shm-dir fails the start with an error instead of a SIGBUS mid-serve")
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:9102", "address of /metrics and /healthz (empty: off; loopback by default, \":9102\" for every interface)")
 		natsURL     = fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: no control plane)")
-		schedBatch  = fs.Bool("sched-batch", true, shm.SchedBatchUsage)
+		schedBatch  = fs.Bool("sched-batch", true, sched.BatchUsage)
 	)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: embedder [flags]")
@@ -133,7 +134,7 @@ func run(args []string) error {
 		return fmt.Errorf("--slo-batch-mib %d: want 1..65536", *sloBatchMiB)
 	}
 	if *schedBatch {
-		if err := shm.UseBatchScheduling(); err != nil {
+		if err := sched.UseBatchScheduling(); err != nil {
 			return fmt.Errorf("--sched-batch: %w (--sched-batch=false keeps the default policy)", err)
 		}
 	}

@@ -12,9 +12,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/recmesh/recmesh/embedder/hugepage"
 	"github.com/recmesh/recmesh/embedder/lookup"
 	"github.com/recmesh/recmesh/model"
-	"github.com/recmesh/recmesh/shm/hugepage"
 )
 
 // Defaults of the benchmark, one per flag.

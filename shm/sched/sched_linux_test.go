@@ -1,4 +1,4 @@
-package shm
+package sched
 
 import (
 	"os"

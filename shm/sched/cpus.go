@@ -1,4 +1,9 @@
-package shm
+// Package sched owns how a mesh process uses the machine's CPUs: how many
+// it may use (UsableCPUs: the affinity mask capped by the cgroup CPU
+// quota), which sizes the shared-memory waiters' spinning and the
+// accelerator's XLA threads, and the scheduling policy its threads run
+// under (UseBatchScheduling).
+package sched
 
 import (
 	"bufio"
@@ -8,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -169,20 +173,4 @@ func readCFS(dir string) float64 {
 		return 0
 	}
 	return quota / period
-}
-
-// SpinMinCPUs is the fewest usable CPUs at which waiters spin before they
-// sleep. A mesh has three hot processes (a frontend, the embedder, the
-// accelerator) besides its clients: with fewer CPUs than that and one to
-// spare, a waiter that spins takes the core from the process whose work it
-// is waiting for, so it sleeps on the futex at once.
-const SpinMinCPUs = 4
-
-// SpinFor is the spin budget for a process that may use cpus CPUs:
-// DefaultSpin with SpinMinCPUs or more, none below.
-func SpinFor(cpus int) time.Duration {
-	if cpus >= SpinMinCPUs {
-		return DefaultSpin
-	}
-	return 0
 }

@@ -1,10 +1,9 @@
-package shm
+package sched
 
 import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 )
 
 func TestUsableCPUs(t *testing.T) {
@@ -104,30 +103,5 @@ func TestCgroupQuota(t *testing.T) {
 	}
 	if got := cgroupQuota("/nonexistent/cgroup", "/nonexistent"); got != 0 {
 		t.Fatalf("no cgroup file: %g, want 0", got)
-	}
-}
-
-func TestSpinFor(t *testing.T) {
-	if SpinFor(1) != 0 || SpinFor(SpinMinCPUs-1) != 0 {
-		t.Error("waiters spin with fewer usable CPUs than the mesh has hot processes")
-	}
-	if SpinFor(SpinMinCPUs) != DefaultSpin || SpinFor(64) != DefaultSpin {
-		t.Error("waiters do not spin with CPUs to spare")
-	}
-	if processSpin() != SpinFor(UsableCPUs().Usable) {
-		t.Error("the process's spin budget is not derived from its usable CPUs")
-	}
-}
-
-func TestExecTable(t *testing.T) {
-	seg := newTestSegment(t, testGeometry())
-	seg.SetExecTime(16, 3*time.Millisecond)
-	seg.SetExecTime(3, time.Second)     // not a power of two: ignored
-	seg.SetExecTime(1<<20, time.Second) // beyond the table: ignored
-	if got := seg.ExecTime(16); got != 3*time.Millisecond {
-		t.Errorf("ExecTime(16) = %v", got)
-	}
-	if seg.ExecTime(8) != 0 || seg.ExecTime(3) != 0 || seg.ExecTime(1<<20) != 0 || seg.ExecTime(0) != 0 {
-		t.Error("an unset or invalid bucket has a time")
 	}
 }

@@ -1,4 +1,4 @@
-package shm
+package sched
 
 import (
 	"errors"
@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// SchedBatchUsage is the usage text of the services' --sched-batch flag,
-// which calls UseBatchScheduling.
-const SchedBatchUsage = "run this process's threads under SCHED_BATCH: the kernel then lets a running thread finish its work before it runs one it just woke, which saves the mesh a context switch per hand-off where its processes share cores; false keeps SCHED_OTHER"
+// BatchUsage is the usage text of the services' --sched-batch flag, which
+// calls UseBatchScheduling.
+const BatchUsage = "run this process's threads under SCHED_BATCH: the kernel then lets a running thread finish its work before it runs one it just woke, which saves the mesh a context switch per hand-off where its processes share cores; false keeps SCHED_OTHER"
 
 // UseBatchScheduling moves every thread of the process to SCHED_BATCH, the
 // policy for throughput work: the kernel then never preempts a running
@@ -19,11 +19,8 @@ const SchedBatchUsage = "run this process's threads under SCHED_BATCH: the kerne
 // thread blocks or its slice ends. The mesh's processes wake each other
 // for every request (frontend to embedder to accelerator and back), so
 // where they share cores wake-up preemption turns each hand-off into a
-// context switch that interrupts a process in the middle of a batch. On
-// the dev VM, mesh on one core: hostbound B_req 1 (C=64) went from 26.0–
-// 27.6k to 28.7–29.2k examples/s, B_req 16 (C=16) from 56.7–60.0k to
-// 66.5–70.0k, mlperf B_req 1 (C=16) from 2,568 to 3,158, with lower p99
-// in each (measured with chrt around the mesh; docs/design.md).
+// context switch that interrupts a process in the middle of a batch
+// (figures in docs/design.md).
 //
 // Threads the Go runtime starts later inherit the policy from the thread
 // that starts them; the walk is made twice, so a thread started from a
@@ -33,7 +30,7 @@ func UseBatchScheduling() error {
 	for range 2 {
 		tids, err := os.ReadDir("/proc/self/task")
 		if err != nil {
-			return fmt.Errorf("shm: list threads: %w", err)
+			return fmt.Errorf("sched: list threads: %w", err)
 		}
 		for _, e := range tids {
 			tid, err := strconv.Atoi(e.Name())
@@ -54,7 +51,7 @@ func batchThread(tid int) error {
 		return nil // the thread exited
 	}
 	if err != nil {
-		return fmt.Errorf("shm: read thread %d's scheduling policy: %w", tid, err)
+		return fmt.Errorf("sched: read thread %d's scheduling policy: %w", tid, err)
 	}
 	if attr.Policy != unix.SCHED_NORMAL {
 		// Already batch, or a real-time or idle policy chosen
@@ -63,7 +60,7 @@ func batchThread(tid int) error {
 	}
 	set := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_BATCH, Nice: attr.Nice}
 	if err := unix.SchedSetAttr(tid, &set, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("shm: move thread %d to SCHED_BATCH: %w", tid, err)
+		return fmt.Errorf("sched: move thread %d to SCHED_BATCH: %w", tid, err)
 	}
 	return nil
 }
