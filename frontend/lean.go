@@ -44,6 +44,15 @@ func (s *Server) newLean() *h2unary.Server {
 		MaxCallTime: s.opts.MaxRequestTime,
 		Unmarshal:   newRequestDecoder(s.svc.schema).Unmarshal,
 		Logger:      s.log,
+		// The limits on what a client holds (the connection count is
+		// limitListener's, for both transports).
+		HandshakeTimeout:     s.opts.HandshakeTimeout,
+		IdleTimeout:          s.opts.IdleTimeout,
+		HeaderTimeout:        s.opts.HeaderTimeout,
+		BodyTimeout:          s.opts.BodyTimeout,
+		MaxConnBufferedBytes: s.opts.MaxConnBufferedBytes,
+		MaxBufferedBytes:     s.opts.MaxBufferedBytes,
+		OnRefuse:             s.metrics.refuse,
 	}
 	if s.opts.TracerProvider != nil {
 		o.Interceptor = s.traceCalls

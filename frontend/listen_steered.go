@@ -28,8 +28,7 @@ type steered struct {
 	fd     int
 	addr   net.Addr
 	dir    string
-	reason string                    // why eBPF is not used, in kernel-hash mode
-	conns  interface{ Add(float64) } // the connections gauge; may be nil
+	reason string // why eBPF is not used, in kernel-hash mode
 
 	mu    sync.Mutex // serialises listen, setReady and close
 	group *steering.Group
@@ -101,7 +100,7 @@ func sockaddrTCP(sa unix.Sockaddr) *net.TCPAddr {
 }
 
 // listen starts listening (joining the reuseport group) and, in eBPF
-// mode, takes a steering slot, marked ready. conns counts accepted
+// mode, takes a steering slot, marked ready, and counts accepted
 // connections into the slot's load.
 func (s *steered) listen() (net.Listener, error) {
 	s.mu.Lock()
@@ -133,7 +132,7 @@ func (s *steered) listen() (net.Listener, error) {
 		m.SetReady(true)
 		s.member.Store(m)
 	}
-	s.lis = &countingListener{Listener: lis, s: s, gauge: s.conns}
+	s.lis = &countingListener{Listener: lis, s: s}
 	return s.lis, nil
 }
 
@@ -193,11 +192,10 @@ func (s *steered) close() {
 }
 
 // countingListener counts accepted connections into the steering slot's
-// load and the connections gauge.
+// load (the connections gauge is limitListener's, for every frontend).
 type countingListener struct {
 	net.Listener
-	s     *steered
-	gauge interface{ Add(float64) }
+	s *steered
 }
 
 func (l *countingListener) Accept() (net.Conn, error) {
@@ -209,17 +207,13 @@ func (l *countingListener) Accept() (net.Conn, error) {
 	if m != nil {
 		m.Accepted()
 	}
-	if l.gauge != nil {
-		l.gauge.Add(1)
-	}
-	return &countedConn{Conn: c, m: m, gauge: l.gauge}, nil
+	return &countedConn{Conn: c, m: m}, nil
 }
 
 type countedConn struct {
 	net.Conn
-	m     *steering.Member
-	gauge interface{ Add(float64) }
-	once  sync.Once
+	m    *steering.Member
+	once sync.Once
 }
 
 func (c *countedConn) Close() error {
@@ -227,9 +221,14 @@ func (c *countedConn) Close() error {
 		if c.m != nil {
 			c.m.AddConns(-1)
 		}
-		if c.gauge != nil {
-			c.gauge.Add(-1)
-		}
 	})
 	return c.Conn.Close()
+}
+
+// CloseWrite passes through to the socket (h2unary lingers with it).
+func (c *countedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }

@@ -16,7 +16,6 @@ type steered struct {
 	dir    string
 	reason string
 	group  interface{ Migrates() bool }
-	conns  interface{ Add(float64) }
 }
 
 func bindSteered(string, string, string) (*steered, error) {

@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+
+	"github.com/recmesh/recmesh/frontend/h2unary"
 )
 
 // numCodes is the number of gRPC status codes (OK .. Unauthenticated).
@@ -24,8 +26,31 @@ type metrics struct {
 	// steering is 1 for the steering mode in use (ebpf or kernel-hash).
 	steering *prometheus.GaugeVec
 	// conns counts the gRPC connections open now.
-	conns  prometheus.Gauge
-	target time.Duration
+	conns prometheus.Gauge
+	// refused holds refused_total's child for each reason the transport
+	// counts, resolved once: refuse does no label lookup.
+	refused map[string]prometheus.Counter
+	target  time.Duration
+}
+
+// refusalReasons are the reasons recmesh_frontend_refused_total counts,
+// by transport: what each limit refuses (h2unary.Reason*, and
+// reasonConnections), where the transport lets the frontend see it.
+// grpc-go keeps to itself its refusals of header lists (RST_STREAM), of
+// streams past MaxStreams, of ping floods, of idle connections and of
+// unfinished header blocks (which it has no timer for), so the grpc
+// transport counts only the limits package frontend enforces around it.
+var refusalReasons = map[string][]string{
+	TransportGRPC: {reasonConnections, h2unary.ReasonHandshakeTimeout, h2unary.ReasonBodyBytesConn, h2unary.ReasonBodyBytesTotal, h2unary.ReasonBodyTimeout},
+	TransportLean: {reasonConnections, h2unary.ReasonHandshakeTimeout, h2unary.ReasonBodyBytesConn, h2unary.ReasonBodyBytesTotal, h2unary.ReasonBodyTimeout,
+		h2unary.ReasonHeaderList, h2unary.ReasonHeaderTimeout, h2unary.ReasonIdleTimeout, h2unary.ReasonStreams, h2unary.ReasonPings},
+}
+
+// refuse counts one refusal of a limit.
+func (m *metrics) refuse(reason string) {
+	if c, ok := m.refused[reason]; ok {
+		c.Inc()
+	}
 }
 
 func newMetrics(reg prometheus.Registerer, target time.Duration) (*metrics, error) {
@@ -74,7 +99,7 @@ func newMetrics(reg prometheus.Registerer, target time.Duration) (*metrics, erro
 			Namespace: "recmesh",
 			Subsystem: "frontend",
 			Name:      "connections",
-			Help:      "gRPC connections open now (steered frontends).",
+			Help:      "gRPC connections open now (at most --max-connections).",
 		}),
 		target: target,
 	}
@@ -105,4 +130,36 @@ func (m *metrics) done(start time.Time, n int, code codes.Code) {
 	if code == codes.OK {
 		m.examples.Add(float64(n))
 	}
+}
+
+// registerLimits adds the series of the limits on what clients hold:
+// refused_total for transport's reasons, and buffered_request_bytes,
+// which reads buffered.
+func (m *metrics) registerLimits(reg prometheus.Registerer, transport string, buffered func() float64) error {
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "recmesh",
+		Subsystem: "frontend",
+		Name:      "refused_total",
+		Help: "Connections, streams and calls a limit refused or ended, by transport and reason: connections (past --max-connections), handshake_timeout, " +
+			"body_bytes_conn and body_bytes_total (buffered request bytes), body_timeout (a request body not complete in time); lean also counts header_list, " +
+			"header_timeout, idle_timeout, streams (past --max-streams) and pings (a ping flood).",
+	}, []string{"transport", "reason"})
+	// Exported from the start, at zero, as requests_total's codes.
+	m.refused = map[string]prometheus.Counter{}
+	for _, reason := range refusalReasons[transport] {
+		m.refused[reason] = refused.WithLabelValues(transport, reason)
+	}
+	bufferedBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "recmesh",
+		Subsystem: "frontend",
+		Name:      "buffered_request_bytes",
+		Help: "Request bytes held now by calls whose body is not complete or whose handler runs (lean: their declared sizes); " +
+			"grpc: an upper bound on what unfinished bodies hold, from the bytes their connections read.",
+	}, buffered)
+	for _, c := range []prometheus.Collector{refused, bufferedBytes} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("frontend: register metrics: %w", err)
+		}
+	}
+	return nil
 }

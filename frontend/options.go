@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/recmesh/recmesh/frontend/h2unary"
 	"github.com/recmesh/recmesh/frontend/steering"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/telemetry"
@@ -81,6 +82,43 @@ const (
 	DefaultStreamWorkers = 64
 	// maxStreamWorkers bounds StreamWorkers: each idle one holds a stack.
 	maxStreamWorkers = 1 << 16
+	// DefaultMaxConnections caps the connections one frontend holds open.
+	// An idle connection costs about 20 KB on the grpc transport and
+	// 75 KB on lean (its read and write buffers), so 2,048 of them cost
+	// at most 150 MB, and 1,000 clients that connect and never call
+	// leave room for a thousand more.
+	DefaultMaxConnections = 2048
+	// DefaultHandshakeTimeout bounds a connection's TLS handshake, client
+	// preface and first SETTINGS.
+	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultIdleTimeout closes a connection that has had no call for a
+	// minute (GOAWAY, which gRPC clients answer by reconnecting at their
+	// next call, a TCP and TLS handshake). A connection that never
+	// completes a request, one byte at a time, holds its slot no longer.
+	DefaultIdleTimeout = time.Minute
+	// DefaultHeaderTimeout bounds how long a request's header block may
+	// stay unfinished (lean; grpc-go has no such timer).
+	DefaultHeaderTimeout = 10 * time.Second
+	// DefaultBodyTimeout bounds how long a request's body may take to
+	// arrive once its headers have. A call's own deadline ends it sooner
+	// (and on lean MaxRequestTime, which runs from the headers). Ten
+	// seconds is the largest request (4,096 examples, about 8 MB) at
+	// 6.6 Mbit/s: twice what a client needs whose whole call must fit in
+	// the default MaxRequestTime, and a stalled body holds its bytes no
+	// longer than that.
+	DefaultBodyTimeout = 10 * time.Second
+	// DefaultMaxConnBufferedBytes bounds the request bytes one connection
+	// holds at once (in bodies still arriving, or in calls running):
+	// three of the largest requests at the default MaxBatch.
+	DefaultMaxConnBufferedBytes = 32 << 20
+	// DefaultMaxBufferedBytes bounds them for the whole frontend: eight
+	// of the largest requests, which keeps a frontend under attack well
+	// within 256 MiB.
+	DefaultMaxBufferedBytes = 64 << 20
+	// maxHeaderListSize is the largest request header list served, on
+	// both transports (SETTINGS_MAX_HEADER_LIST_SIZE); a gRPC call's
+	// headers take a few hundred bytes.
+	maxHeaderListSize = h2unary.DefaultMaxHeaderListSize
 	// Steering modes (Options.Steering).
 	SteeringOff        = ""
 	SteeringAuto       = "auto"
@@ -187,6 +225,45 @@ type Options struct {
 	// unary calls only, less CPU per call; no server reflection, no health
 	// Watch).
 	Transport string
+
+	// MaxConnections is the most connections the gRPC port holds open;
+	// one more is closed as it is accepted (counted in
+	// recmesh_frontend_refused_total{reason="connections"}). Default
+	// DefaultMaxConnections.
+	MaxConnections int
+
+	// HandshakeTimeout bounds a new connection's TLS handshake, HTTP/2
+	// preface and first SETTINGS. Default DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+
+	// IdleTimeout closes a connection that has had no call open for this
+	// long (GOAWAY). Default DefaultIdleTimeout.
+	IdleTimeout time.Duration
+
+	// HeaderTimeout bounds how long a header block may stay unfinished
+	// (lean only: grpc-go has no such timer; there an unfinished block
+	// holds at most the 16 KiB header limit, and its connection, having
+	// no call, is closed at IdleTimeout). Default DefaultHeaderTimeout.
+	HeaderTimeout time.Duration
+
+	// BodyTimeout bounds how long a request body may take to arrive after
+	// its headers; the call is then ended (lean: DEADLINE_EXCEEDED; grpc:
+	// CANCELLED) and its bytes freed. Default DefaultBodyTimeout.
+	BodyTimeout time.Duration
+
+	// MaxConnBufferedBytes and MaxBufferedBytes bound the request bytes
+	// one connection, and the whole frontend, hold in calls whose body is
+	// still arriving. Past them a new call is refused RESOURCE_EXHAUSTED,
+	// and on grpc calls still arriving are cancelled. Lean counts each
+	// request's declared size from its 5-byte prefix until its handler
+	// returns, exactly; grpc-go says nothing of a call's bytes, so the
+	// grpc transport charges a connection the bytes it read since its
+	// oldest unfinished call began (bodyguard.go), an upper bound. Both
+	// must admit the largest request (MaxBatch examples), and
+	// MaxConnBufferedBytes may not exceed MaxBufferedBytes. Defaults
+	// DefaultMaxConnBufferedBytes and DefaultMaxBufferedBytes, or two of
+	// the largest requests when MaxBatch makes that more.
+	MaxConnBufferedBytes, MaxBufferedBytes int64
 
 	// Registerer receives the recmesh_frontend_* metrics. Default: a new
 	// registry of the server's own (never the global default registry).
@@ -329,6 +406,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.ReadyPollInterval < 0 {
 		return o, optionErr("ReadyPollInterval", "%v is negative", o.ReadyPollInterval)
 	}
+	if err := o.limitDefaults(); err != nil {
+		return o, err
+	}
 	if o.Registerer == nil {
 		reg := prometheus.NewRegistry()
 		o.Registerer = reg
@@ -353,4 +433,46 @@ func (o Options) withDefaults() (Options, error) {
 		o.Version = telemetry.Version()
 	}
 	return o, nil
+}
+
+// limitDefaults sets and checks the limits on what clients hold; MaxBatch
+// and Model are valid already.
+func (o *Options) limitDefaults() error {
+	if o.MaxConnections == 0 {
+		o.MaxConnections = DefaultMaxConnections
+	}
+	if o.MaxConnections < 0 {
+		return optionErr("MaxConnections", "%d is negative", o.MaxConnections)
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"HandshakeTimeout", &o.HandshakeTimeout, DefaultHandshakeTimeout},
+		{"IdleTimeout", &o.IdleTimeout, DefaultIdleTimeout},
+		{"HeaderTimeout", &o.HeaderTimeout, DefaultHeaderTimeout},
+		{"BodyTimeout", &o.BodyTimeout, DefaultBodyTimeout},
+	} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+		if *d.v < 0 {
+			return optionErr(d.name, "%v is negative", *d.v)
+		}
+	}
+	largest := int64(maxRecvMsgSize(o.MaxBatch, o.Model.SparseWidth())) + 5
+	if o.MaxConnBufferedBytes == 0 {
+		o.MaxConnBufferedBytes = max(DefaultMaxConnBufferedBytes, 2*largest)
+	}
+	if o.MaxBufferedBytes == 0 {
+		o.MaxBufferedBytes = max(DefaultMaxBufferedBytes, o.MaxConnBufferedBytes)
+	}
+	if o.MaxConnBufferedBytes < largest {
+		return optionErr("MaxConnBufferedBytes", "%d bytes would refuse the largest request (%d examples: %d bytes)", o.MaxConnBufferedBytes, o.MaxBatch, largest)
+	}
+	if o.MaxBufferedBytes < o.MaxConnBufferedBytes {
+		return optionErr("MaxBufferedBytes", "%d bytes is less than MaxConnBufferedBytes (%d)", o.MaxBufferedBytes, o.MaxConnBufferedBytes)
+	}
+	return nil
 }

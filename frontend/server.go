@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/recmesh/recmesh/frontend/h2unary"
 	"github.com/recmesh/recmesh/frontend/steering"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/inference"
@@ -47,6 +48,10 @@ type Server struct {
 	health  *health.Server
 	metrics *metrics
 	http    *http.Server
+	// guard bounds grpc-go's unfinished request bodies; nil on lean.
+	guard *bodyGuard
+	// lean is the port's server on TransportLean, once Run made it.
+	lean atomic.Pointer[h2unary.Server]
 
 	// draining turns readiness off for good once shutdown begins.
 	draining atomic.Bool
@@ -92,6 +97,12 @@ func New(opts Options) (*Server, error) {
 	}
 
 	maxRecv := maxRecvMsgSize(opts.MaxBatch, s.svc.schema.width)
+	if opts.Transport == TransportGRPC {
+		s.guard = newBodyGuard(opts, maxRecv, m)
+	}
+	if err := m.registerLimits(opts.Registerer, opts.Transport, s.bufferedBytes); err != nil {
+		return nil, err
+	}
 	streamWindow, connWindow := flowWindows(maxRecv)
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecv),
@@ -99,15 +110,26 @@ func New(opts Options) (*Server, error) {
 		grpc.StaticConnWindowSize(connWindow),
 		grpc.MaxConcurrentStreams(uint32(opts.MaxStreams)),
 		grpc.NumStreamWorkers(uint32(opts.StreamWorkers)),
+		// grpc-go's default is 16 MiB, which a few KB of HPACK (one
+		// large entry referenced thousands of times) fill per stream.
+		grpc.MaxHeaderListSize(maxHeaderListSize),
+		// TLS handshake, preface and first SETTINGS (grpc-go: 120 s).
+		grpc.ConnectionTimeout(opts.HandshakeTimeout),
 		// A client may ping no more often than every 10 s (more is a
 		// GOAWAY), idle connections are pinged after a minute and closed
-		// when the ping goes unanswered, so dead peers do not pile up.
+		// when the ping goes unanswered, so dead peers do not pile up;
+		// a connection with no call for IdleTimeout is sent GOAWAY and
+		// closed (5 s later, when the client does not answer its ping).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
-		grpc.InTapHandle(s.svc.admit),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second, MaxConnectionIdle: opts.IdleTimeout}),
+		grpc.InTapHandle(s.tap),
 		grpc.ForceServerCodecV2(newRequestCodec(s.svc.schema)),
-		grpc.ChainStreamInterceptor(s.endStreamsOnDrain),
 	}
+	if s.guard != nil {
+		// They tell the guard that a call's body has been read.
+		sopts = append(sopts, grpc.ChainUnaryInterceptor(s.guard.unaryDone), grpc.ChainStreamInterceptor(s.guard.streamDone))
+	}
+	sopts = append(sopts, grpc.ChainStreamInterceptor(s.endStreamsOnDrain))
 	if opts.TLSCert != "" {
 		files, err := newTLSFiles(opts.TLSCert, opts.TLSKey, opts.TLSClientCA)
 		if err != nil {
@@ -213,10 +235,26 @@ func (s *Server) Listen() error {
 	}
 	s.lis, s.steer = lis, st
 	if st != nil {
-		st.conns = s.metrics.conns
 		s.svc.load = st
 	}
 	return nil
+}
+
+// limitConns wraps the port's listener for both transports: the
+// connection cap, and on grpc the metering of bodyGuard.
+func (s *Server) limitConns(lis net.Listener) net.Listener {
+	return &limitListener{Listener: lis, max: int64(s.opts.MaxConnections), metrics: s.metrics, guard: s.guard}
+}
+
+// bufferedBytes is recmesh_frontend_buffered_request_bytes.
+func (s *Server) bufferedBytes() float64 {
+	if s.guard != nil {
+		return float64(s.guard.total.Load())
+	}
+	if l := s.lean.Load(); l != nil {
+		return float64(l.BufferedBytes())
+	}
+	return 0
 }
 
 // Addr is the gRPC listener's address, nil before Listen.
@@ -286,7 +324,9 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	// The gRPC server is made here, not in New: its stream workers run
 	// from NewServer until Stop, which only Run's drain calls.
 	if s.opts.Transport == TransportLean {
-		s.rpc = s.newLean()
+		l := s.newLean()
+		s.lean.Store(l)
+		s.rpc = l
 	} else {
 		g := grpc.NewServer(s.grpcOpts...)
 		inference.RegisterGRPCInferenceServiceServer(g, s.svc)
@@ -322,12 +362,15 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		if lis == nil {
 			return // stopped before the backend was ever ready
 		}
-		if err := s.rpc.Serve(lis); err != nil {
+		if err := s.rpc.Serve(s.limitConns(lis)); err != nil {
 			failed <- fmt.Errorf("frontend: serve gRPC: %w", err)
 		}
 	})
 	if s.steer != nil {
 		wg.Go(func() { s.steer.sweep(stopServe) })
+	}
+	if s.guard != nil {
+		wg.Go(func() { s.guard.sweep(stopServe) })
 	}
 	if s.mlis != nil {
 		wg.Go(func() {

@@ -26,10 +26,17 @@ type headerBlock struct {
 	endStream bool
 	fields    []hpack.HeaderField
 	remain    uint32 // of limit
+	raw       uint32 // encoded bytes so far, frame headers included
 	regular   bool   // a regular field was seen: no pseudo-field may follow
 	truncated bool   // fields past limit were dropped
+	tooLarge  bool   // the block ran so far past limit that it was not decoded
+	selfDep   bool   // its HEADERS frame made the stream depend on itself
 	invalid   error  // the first malformed field
 }
+
+// frameHeaderLen is an HTTP/2 frame header's size: what an empty
+// CONTINUATION frame costs the sender and the reader.
+const frameHeaderLen = 9
 
 func newHeaderBlock(limit uint32) *headerBlock {
 	h := &headerBlock{dec: hpack.NewDecoder(4096, nil), limit: limit}
@@ -43,7 +50,7 @@ func (h *headerBlock) start(id uint32, endStream bool) {
 	h.streamID, h.endStream = id, endStream
 	clear(h.fields) // drop the last call's strings
 	h.fields = h.fields[:0]
-	h.remain, h.regular, h.truncated, h.invalid = h.limit, false, false, nil
+	h.remain, h.raw, h.regular, h.truncated, h.tooLarge, h.selfDep, h.invalid = h.limit, 0, false, false, false, false, nil
 	h.dec.SetEmitEnabled(true)
 }
 
@@ -52,8 +59,16 @@ func (h *headerBlock) start(id uint32, endStream bool) {
 // stream error (http2.StreamError) refuses the stream.
 func (h *headerBlock) write(frag []byte, last bool) error {
 	// A block far past the limit is not decoded at all, and nothing may
-	// follow a malformed field: the size accounting stopped there.
-	if int64(len(frag)) > 2*int64(h.remain) || h.invalid != nil {
+	// follow a malformed field: the size accounting stopped there. The
+	// encoded block as a whole, frame headers counted, is bounded too, so
+	// that a flood of empty or tiny CONTINUATION frames (which decode to
+	// nothing) ends.
+	h.raw += uint32(min(len(frag), 1<<24)) + frameHeaderLen
+	if int64(len(frag)) > 2*int64(h.remain) || h.raw > 2*h.limit+16*frameHeaderLen {
+		h.tooLarge = true
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	if h.invalid != nil {
 		return http2.ConnectionError(http2.ErrCodeProtocol)
 	}
 	if _, err := h.dec.Write(frag); err != nil {
@@ -87,6 +102,16 @@ func (h *headerBlock) emit(hf hpack.HeaderField) {
 		if !validWireName(hf.Name) {
 			h.invalid = fmt.Errorf("invalid header field name %q", hf.Name)
 		}
+		// Connection-specific fields are HTTP/1's and make a request
+		// malformed (RFC 9113 8.2.2); te may only say "trailers".
+		switch hf.Name {
+		case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
+			h.invalid = fmt.Errorf("connection-specific header field %q", hf.Name)
+		case "te":
+			if hf.Value != "trailers" {
+				h.invalid = fmt.Errorf("te header field %q: only \"trailers\" is allowed", hf.Value)
+			}
+		}
 	}
 	if h.invalid != nil {
 		h.dec.SetEmitEnabled(false)
@@ -115,19 +140,16 @@ func validWireName(v string) bool {
 	return true
 }
 
-// checkPseudos: only known pseudo-fields, none twice, not request and
-// response ones together.
+// checkPseudos: only a request's pseudo-fields (a client sends no
+// :status), none twice. Which ones a request must have is for the
+// request's headers to say (onHeaders): trailers have none.
 func (h *headerBlock) checkPseudos() error {
-	var request, response bool
 	for i, hf := range h.fields {
 		if !strings.HasPrefix(hf.Name, ":") {
 			break // pseudo-fields come first (emit)
 		}
 		switch hf.Name {
 		case ":method", ":path", ":scheme", ":authority", ":protocol":
-			request = true
-		case ":status":
-			response = true
 		default:
 			return fmt.Errorf("invalid pseudo header field %q", hf.Name)
 		}
@@ -137,8 +159,10 @@ func (h *headerBlock) checkPseudos() error {
 			}
 		}
 	}
-	if request && response {
-		return errors.New("request and response pseudo header fields mixed")
-	}
 	return nil
+}
+
+// hasPseudo reports whether the block has a pseudo-field.
+func (h *headerBlock) hasPseudo() bool {
+	return len(h.fields) > 0 && strings.HasPrefix(h.fields[0].Name, ":")
 }

@@ -18,6 +18,15 @@
 // it does not: streaming methods (answered UNIMPLEMENTED, so server
 // reflection and health Watch need grpc-go), compression (UNIMPLEMENTED
 // unless identity), and HTTP/1.1.
+//
+// What bounds a client's hold on the server (limits.go): the header list
+// (DefaultMaxHeaderListSize), the request bytes buffered per connection
+// and per server, the time a request body may take to arrive, the time a
+// header block may stay unfinished, the time a connection may go without
+// a call, and the handshake time. Each refusal is reported to
+// Options.OnRefuse with one of the Reason* values. The number of
+// connections is bounded by whoever owns the listener (package frontend
+// wraps it).
 package h2unary
 
 import (
@@ -28,6 +37,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -42,6 +52,11 @@ const (
 	DefaultKeepaliveMinTime     = 10 * time.Second
 	DefaultHandshakeTimeout     = 10 * time.Second
 	DefaultMaxHeaderListSize    = 16 << 10
+	DefaultMaxConnBufferedBytes = 32 << 20
+	DefaultMaxBufferedBytes     = 64 << 20
+	DefaultBodyTimeout          = 10 * time.Second
+	DefaultHeaderTimeout        = 10 * time.Second
+	DefaultIdleTimeout          = time.Minute
 )
 
 // Options configures a Server; zero fields take the defaults above.
@@ -82,8 +97,37 @@ type Options struct {
 	// tolerated; three pings sooner than that with no call in between end
 	// the connection (GOAWAY ENHANCE_YOUR_CALM).
 	KeepaliveMinTime time.Duration
-	// HandshakeTimeout bounds the TLS handshake and the client preface.
+	// HandshakeTimeout bounds the TLS handshake, the client preface and
+	// the SETTINGS frame that must follow it.
 	HandshakeTimeout time.Duration
+	// MaxConnBufferedBytes and MaxBufferedBytes bound the request bytes
+	// one connection, and the whole server, hold: a request reserves its
+	// declared size (5-byte prefix included) when its prefix arrives, and
+	// returns it when its handler returns or the stream ends; its buffer
+	// never grows past that size. A request that would take more than is
+	// left is refused with RESOURCE_EXHAUSTED before more of it is read.
+	// Both must admit a request of MaxRecvMsgSize.
+	MaxConnBufferedBytes, MaxBufferedBytes int64
+	// BodyTimeout bounds the time from a request's headers to the end of
+	// its body; the call's own deadline, when sooner, bounds it too. A
+	// request still incomplete then is answered DEADLINE_EXCEEDED and its
+	// buffer freed. A connection's watchdog checks every eighth of the
+	// smallest of the three timeouts (at most every second), so each may
+	// fire up to that much late.
+	BodyTimeout time.Duration
+	// HeaderTimeout bounds the time a header block may stay unfinished (a
+	// HEADERS frame whose CONTINUATIONs do not end it); the connection is
+	// then closed (GOAWAY ENHANCE_YOUR_CALM).
+	HeaderTimeout time.Duration
+	// IdleTimeout closes (GOAWAY NO_ERROR) a connection that has had no
+	// call open, and opened none, for this long since its handshake or
+	// its last call: what a connection that never completes a request
+	// (one that dribbles bytes, or only pings) holds its slot for.
+	IdleTimeout time.Duration
+	// OnRefuse, when set, is called with a Reason* value for each refusal
+	// the limits make, from the goroutine that made it: it must be quick
+	// and must not block.
+	OnRefuse func(reason string)
 	// Logger receives connection errors at debug level.
 	Logger *slog.Logger
 }
@@ -113,6 +157,21 @@ func (o Options) withDefaults() Options {
 	if o.HandshakeTimeout <= 0 {
 		o.HandshakeTimeout = DefaultHandshakeTimeout
 	}
+	if o.MaxConnBufferedBytes <= 0 {
+		o.MaxConnBufferedBytes = DefaultMaxConnBufferedBytes
+	}
+	if o.MaxBufferedBytes <= 0 {
+		o.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	if o.BodyTimeout <= 0 {
+		o.BodyTimeout = DefaultBodyTimeout
+	}
+	if o.HeaderTimeout <= 0 {
+		o.HeaderTimeout = DefaultHeaderTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -135,10 +194,13 @@ var ErrServerStopped = errors.New("h2unary: server stopped")
 // Serve; Stop and GracefulStop end it. Its methods are safe for concurrent
 // use, except that RegisterService must precede Serve.
 type Server struct {
-	opts    Options
-	methods map[string]method // by full path, "/pkg.Service/Method"
-	streams map[string]bool   // streaming methods: UNIMPLEMENTED, with a hint
-	work    chan func()
+	opts  Options
+	watch watchTicks // the connections' watchdog period, in ticks
+	// buffered is the request bytes reserved by every connection.
+	buffered atomic.Int64
+	methods  map[string]method // by full path, "/pkg.Service/Method"
+	streams  map[string]bool   // streaming methods: UNIMPLEMENTED, with a hint
+	work     chan func()
 
 	mu        sync.Mutex
 	listeners map[net.Listener]bool
@@ -152,8 +214,10 @@ type Server struct {
 
 // NewServer makes a Server; see Options for the defaults.
 func NewServer(opts Options) *Server {
+	opts = opts.withDefaults()
 	s := &Server{
-		opts:      opts.withDefaults(),
+		opts:      opts,
+		watch:     newWatchTicks(opts),
 		methods:   map[string]method{},
 		streams:   map[string]bool{},
 		listeners: map[net.Listener]bool{},

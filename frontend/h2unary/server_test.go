@@ -123,7 +123,9 @@ func echo(n int) *inference.ModelInferRequest {
 // window need this server's window updates, answers past the client's
 // need its flow control.
 func TestRoundTrips(t *testing.T) {
-	_, addr := start(t, Options{MaxRecvMsgSize: 8 << 20, StreamWindow: 256 << 10, ConnWindow: 512 << 10, MaxConcurrentStreams: 8}, &testService{})
+	// Up to 32 MB of requests at once on the one connection.
+	_, addr := start(t, Options{MaxRecvMsgSize: 8 << 20, StreamWindow: 256 << 10, ConnWindow: 512 << 10, MaxConcurrentStreams: 8,
+		MaxConnBufferedBytes: 48 << 20, MaxBufferedBytes: 48 << 20}, &testService{})
 	c := dial(t, addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
 	ctx := context.Background()
 	if r, err := c.ServerReady(ctx, &inference.ServerReadyRequest{}); err != nil || !r.Ready {

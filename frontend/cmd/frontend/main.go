@@ -5,6 +5,13 @@
 // Every flag has an environment twin (shown in -help); a flag given on the
 // command line wins over its twin.
 //
+// The frontend bounds what clients may make it hold: connections
+// (--max-connections), handshake, idle, header and body times, and the
+// request bytes buffered per connection and in all; each refusal counts
+// in recmesh_frontend_refused_total. GOGC defaults to 400 and GOMEMLIMIT
+// to 192 MiB (the environment's win), so that garbage does not multiply
+// what those limits leave live.
+//
 // Backends:
 //
 //	reference  scores in-process with the plain-Go reference forward pass
@@ -39,6 +46,7 @@ import (
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/control"
 	"github.com/recmesh/recmesh/shm"
+	"github.com/recmesh/recmesh/shm/sched"
 	"github.com/recmesh/recmesh/telemetry"
 	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
@@ -56,9 +64,23 @@ const (
 // about 13 MiB more RSS. GOGC (and GOMEMLIMIT) in the environment still win.
 const defaultGCPercent = 400
 
+// defaultMemoryLimit is the frontend's soft memory limit (GOMEMLIMIT) when
+// the environment sets none. GOGC 400 lets the heap grow to five times
+// what is live before a collection: with the request bytes an attacker
+// may make a frontend hold (64 MiB by default, --max-buffered-bytes) or
+// 2,048 idle connections' buffers live, that is past 256 MiB of garbage
+// not yet collected. Near the limit the collector runs sooner instead, so
+// RSS stays about here; an honest frontend's heap, a few tens of MiB, is
+// far below it and collected as before. GOMEMLIMIT in the environment
+// still wins (GOMEMLIMIT=off: none).
+const defaultMemoryLimit = 192 << 20
+
 func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(defaultGCPercent)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(defaultMemoryLimit)
 	}
 	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -99,6 +121,15 @@ type config struct {
 	tlsKey         string
 	tlsClientCA    string
 	logLevel       slog.Level
+
+	// The limits on what clients hold (frontend.Options).
+	maxConnections       int
+	handshakeTimeout     time.Duration
+	idleTimeout          time.Duration
+	headerTimeout        time.Duration
+	bodyTimeout          time.Duration
+	maxConnBufferedBytes int64
+	maxBufferedBytes     int64
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -140,7 +171,14 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.IntVar(&c.maxStreams, "max-streams", frontend.DefaultMaxStreams, "most concurrent calls on one client connection (gRPC MaxConcurrentStreams)")
 	fs.StringVar(&c.transport, "transport", frontend.TransportGRPC, "what serves the gRPC port: grpc (grpc-go: every feature) or lean (recmesh's own HTTP/2 transport for unary calls, about a quarter less CPU per small call; no server reflection, no health Watch)")
 	fs.IntVar(&c.streamWorkers, "stream-workers", frontend.DefaultStreamWorkers, "goroutines kept to run calls, so their stacks are grown once rather than per call; a call beyond them gets its own goroutine")
-	fs.BoolVar(&c.schedBatch, "sched-batch", true, shm.SchedBatchUsage)
+	fs.IntVar(&c.maxConnections, "max-connections", frontend.DefaultMaxConnections, "most client connections held open; one more is closed as it is accepted")
+	fs.DurationVar(&c.handshakeTimeout, "handshake-timeout", frontend.DefaultHandshakeTimeout, "time a new connection has for its TLS handshake, HTTP/2 preface and first SETTINGS")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", frontend.DefaultIdleTimeout, "a connection with no call for this long is closed (GOAWAY; clients reconnect at their next call)")
+	fs.DurationVar(&c.headerTimeout, "header-timeout", frontend.DefaultHeaderTimeout, "time a request's header block may stay unfinished before its connection is closed (lean transport)")
+	fs.DurationVar(&c.bodyTimeout, "body-timeout", frontend.DefaultBodyTimeout, "time a request's body may take to arrive after its headers; the call is then ended and its bytes freed")
+	fs.Int64Var(&c.maxConnBufferedBytes, "max-conn-buffered-bytes", 0, "most request bytes one connection's unfinished or running calls hold; more are refused with RESOURCE_EXHAUSTED (0: 32 MiB, or two of the largest request when --max-batch makes that more)")
+	fs.Int64Var(&c.maxBufferedBytes, "max-buffered-bytes", 0, "most request bytes all connections' unfinished or running calls hold (0: 64 MiB, or --max-conn-buffered-bytes when more)")
+	fs.BoolVar(&c.schedBatch, "sched-batch", true, sched.BatchUsage)
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	flagenv.DefinePrintConfig(fs)
 	fs.Usage = func() {
@@ -198,6 +236,14 @@ var flagOf = map[string]string{
 	"SteeringDir":    "--steering-dir",
 	"TLSCert":        "--tls-cert / --tls-key",
 	"TLSClientCA":    "--tls-client-ca",
+
+	"MaxConnections":       "--max-connections",
+	"HandshakeTimeout":     "--handshake-timeout",
+	"IdleTimeout":          "--idle-timeout",
+	"HeaderTimeout":        "--header-timeout",
+	"BodyTimeout":          "--body-timeout",
+	"MaxConnBufferedBytes": "--max-conn-buffered-bytes",
+	"MaxBufferedBytes":     "--max-buffered-bytes",
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
@@ -207,7 +253,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevel}))
 	if c.schedBatch {
-		if err := shm.UseBatchScheduling(); err != nil {
+		if err := sched.UseBatchScheduling(); err != nil {
 			return fmt.Errorf("--sched-batch: %w (--sched-batch=false keeps the default policy)", err)
 		}
 	}
@@ -288,6 +334,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		MaxStreams:     c.maxStreams,
 		StreamWorkers:  c.streamWorkers,
 		Transport:      c.transport,
+
+		MaxConnections:       c.maxConnections,
+		HandshakeTimeout:     c.handshakeTimeout,
+		IdleTimeout:          c.idleTimeout,
+		HeaderTimeout:        c.headerTimeout,
+		BodyTimeout:          c.bodyTimeout,
+		MaxConnBufferedBytes: c.maxConnBufferedBytes,
+		MaxBufferedBytes:     c.maxBufferedBytes,
+
 		Steering:       c.steering,
 		SteeringDir:    c.steeringDir,
 		TLSCert:        c.tlsCert,

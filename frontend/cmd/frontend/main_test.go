@@ -49,6 +49,15 @@ func TestFlagsAndEnvTwins(t *testing.T) {
 	if err != nil || c.listen != "127.0.0.1:7000" {
 		t.Errorf("--listen: %q, %v", c.listen, err)
 	}
+	t.Setenv("RECMESH_MAX_CONNECTIONS", "100")
+	t.Setenv("RECMESH_BODY_TIMEOUT", "3s")
+	t.Setenv("RECMESH_IDLE_TIMEOUT", "2m")
+	t.Setenv("RECMESH_MAX_BUFFERED_BYTES", "134217728")
+	if c, err = parseFlags([]string{"--header-timeout=4s", "--max-conn-buffered-bytes=50000000"}, io.Discard); err != nil ||
+		c.maxConnections != 100 || c.bodyTimeout != 3*time.Second || c.idleTimeout != 2*time.Minute || c.headerTimeout != 4*time.Second ||
+		c.maxBufferedBytes != 128<<20 || c.maxConnBufferedBytes != 50_000_000 || c.handshakeTimeout != 10*time.Second {
+		t.Errorf("limit flags and twins: %+v, %v", c, err)
+	}
 	t.Setenv("RECMESH_STEERING", "kernel-hash")
 	t.Setenv("RECMESH_STEERING_DIR", "/sys/fs/bpf/elsewhere")
 	if c, err = parseFlags(nil, io.Discard); err != nil || c.steering != "kernel-hash" || c.steeringDir != "/sys/fs/bpf/elsewhere" {
@@ -119,6 +128,10 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{"steering", nil, []string{"--bundle=" + dir, "--steering=magic"}, `--steering: "magic": want`},
 		{"metrics busy", nil, []string{"--bundle=" + dir, "--listen=127.0.0.1:0", "--metrics-addr=" + busy.Addr().String()},
 			"--metrics-addr: listen tcp " + busy.Addr().String()},
+		{"body timeout", nil, []string{"--bundle=" + dir, "--body-timeout=-1s"}, "--body-timeout: -1s is negative"},
+		{"max connections", map[string]string{"RECMESH_MAX_CONNECTIONS": "-1"}, []string{"--bundle=" + dir}, "--max-connections: -1 is negative"},
+		{"connection bytes", nil, []string{"--bundle=" + dir, "--max-conn-buffered-bytes=1000"}, "--max-conn-buffered-bytes: 1000 bytes would refuse the largest request"},
+		{"total bytes", nil, []string{"--bundle=" + dir, "--max-buffered-bytes=20000000"}, "--max-buffered-bytes: 20000000 bytes is less than MaxConnBufferedBytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {
