@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -100,24 +98,14 @@ func (d *dispatcher) batchFor(st *shm.Staging) *openBatch {
 	if b := d.batches[st.Index()]; b != nil {
 		return b
 	}
-	cfg := d.cfg
-	lay := cfg.Staging(model.PowerOfTwoCeil(d.e.opts.MaxBatch))
-	data := st.Data()
-	per := len(cfg.VocabSizes) * cfg.EmbeddingDim
-	max := d.e.opts.MaxBatch
-	b := &openBatch{
-		st:      st,
-		pooled:  unsafe.Slice((*float32)(unsafe.Pointer(&data[lay.PooledOffset])), max*per),
-		dense:   unsafe.Slice((*float32)(unsafe.Pointer(&data[lay.DenseOffset])), max*cfg.NumDense),
-		entries: make([]shm.BatchEntry, 0, max),
-		status:  make([]atomic.Uint32, max),
-		readAt:  make([]time.Time, max),
-		dead:    make([]int64, max),
-		traces:  make([]shm.TraceContext, max),
-	}
+	b := newOpenBatch(st, d.cfg, d.e.opts.MaxBatch)
 	d.batches[st.Index()] = b
 	return b
 }
+
+// Canceled reports whether the frontend has set the cancel flag of a
+// request in its lane (batch.Canceler).
+func (d *dispatcher) Canceled(lane, slot int) bool { return d.readers[lane].Canceled(slot) }
 
 // idle reports whether the device has executed every batch published so
 // far (their completions may still be being written): the one "device
@@ -127,11 +115,6 @@ func (d *dispatcher) batchFor(st *shm.Staging) *openBatch {
 // all written, and that request has nothing ahead of it.
 func (d *dispatcher) idle() bool { return d.seg.ExecutedSeq() >= d.seg.PublishedSeq() }
 
-// zeroWait reports whether the mode seals on the device going idle.
-func (d *dispatcher) zeroWait() bool {
-	return d.e.opts.Mode == batch.Model || d.e.opts.Mode == batch.SLO
-}
-
 // wake is the embedder doorbell's condition: requests to read, or the
 // device idle with a batch to seal. A device that went idle while the
 // dispatcher slept also wakes it, so an SLO batch waiting for its fill
@@ -140,7 +123,7 @@ func (d *dispatcher) wake() bool {
 	if d.seg.RequestsPending() {
 		return true
 	}
-	if d.open == nil || !d.zeroWait() || !d.idle() {
+	if d.open == nil || !d.e.opts.Mode.SealsOnIdle() || !d.idle() {
 		return false
 	}
 	return !d.sleptIdle || d.batcher.ShouldSeal(time.Now(), true)
@@ -228,10 +211,12 @@ func (d *dispatcher) housekeeping(now time.Time) error {
 	if err := d.seg.AcceleratorAlive(0); err != nil && !errors.Is(err, shm.ErrNoAccelerator) {
 		return errAcceleratorGone
 	}
-	if d.e.opts.Mode == batch.SLO {
+	if d.e.opts.Mode.FollowsFeedback() {
 		// The frontends count the calls they served and those that missed
 		// the target: the margin follows what the plans actually gave.
 		d.e.m.sloMargin.Set(d.batcher.Feedback(d.seg.ServedCalls()).Seconds())
+	}
+	if d.e.opts.Mode.Sheds() {
 		overloaded := 0.0
 		if d.batcher.Overloaded() {
 			overloaded = 1
@@ -334,16 +319,21 @@ func (d *dispatcher) readRound(ctx context.Context) (progressed bool, err error)
 }
 
 // place adds a request to the open batch (sealing the open batch first if
-// it does not fit). ok is false when no staging buffer is free.
+// it does not fit). ok is false when no staging buffer is free. The checks
+// it makes before lookup report to the request's batch.Task, which decides
+// the outcome.
 func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err error) {
 	now := time.Now()
+	task := batch.Task{Lane: req.Lane, Slot: req.Slot, Epoch: req.Epoch, Examples: req.Examples,
+		Deadline: req.Deadline, ReadAt: now, Trace: req.Trace}
 	payload, status := decodeRequest(d.cfg, d.e.opts.MaxBatch, &req)
+	task.Fail(status)
 	switch {
-	case status != shm.StatusOK:
-	case d.readers[req.Lane].Canceled(req.Slot):
-		status = shm.StatusCanceled
-	case req.Deadline != 0 && now.UnixNano() > req.Deadline:
-		status = shm.StatusExpired
+	case !task.OK():
+	case d.Canceled(req.Lane, req.Slot):
+		task.Fail(shm.StatusCanceled)
+	case task.Expired(now):
+		task.Fail(shm.StatusExpired)
 	}
 	// The frontend stamps when the call reached it, so the time it spent
 	// on the way here counts against the budget; a request without a
@@ -354,20 +344,17 @@ func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err e
 	} else {
 		arrival = now
 	}
-	if status == shm.StatusOK && d.e.opts.Mode == batch.SLO {
+	if task.OK() && d.e.opts.Mode.Sheds() {
 		d.deviceIdle(now)
 		var deadline time.Time
 		if req.Deadline != 0 {
 			deadline = time.Unix(0, req.Deadline)
 		}
 		if !d.batcher.Admit(req.Examples, arrival, deadline, now) {
-			status = shm.StatusOverloaded
+			task.Fail(shm.StatusOverloaded)
 		}
 	}
-	rows := req.Examples
-	if status != shm.StatusOK {
-		rows = 0
-	}
+	rows := task.Rows()
 	if d.open != nil && !d.batcher.Fits(rows, arrival, now) {
 		if err := d.seal(); err != nil {
 			return false, err
@@ -382,22 +369,17 @@ func (d *dispatcher) place(ctx context.Context, req shm.Request) (ok bool, err e
 			return false, nil
 		}
 		d.open = d.batchFor(st)
-		d.open.entries = d.open.entries[:0]
+		d.open.tasks.Reset()
 	}
 	b := d.open
-	row := d.batcher.Add(rows, arrival)
-	k := len(b.entries)
-	b.entries = append(b.entries, shm.BatchEntry{Lane: req.Lane, Slot: req.Slot, Epoch: req.Epoch, FirstRow: row, Rows: rows, Status: status})
-	b.status[k].Store(uint32(status))
-	b.readAt[k] = now
-	b.dead[k] = req.Deadline
-	b.traces[k] = req.Trace
+	task.FirstRow = d.batcher.Add(rows, arrival)
+	k := b.tasks.Add(task)
 	for first := 0; first < rows; first += DefaultChunk {
 		n := min(DefaultChunk, rows-first)
 		b.wg.Add(1)
-		d.jobs <- job{b: b, entry: k, payload: payload, first: first, n: n, row: row + first}
+		d.jobs <- job{b: b, entry: k, payload: payload, first: first, n: n, row: task.FirstRow + first}
 	}
-	d.count(status)
+	d.count(task.Status())
 	return true, nil
 }
 
@@ -432,7 +414,8 @@ func (d *dispatcher) waitStaging(ctx context.Context) error {
 }
 
 // seal finishes the open batch's lookups (the dispatcher helps the
-// workers), settles each entry's status, and publishes the batch.
+// workers), settles each request's outcome (batch.Tasks.Settle), and
+// publishes the batch.
 func (d *dispatcher) seal() error {
 	b := d.open
 	for {
@@ -446,33 +429,25 @@ func (d *dispatcher) seal() error {
 	}
 	b.wg.Wait()
 	now := time.Now()
-	for k := range b.entries {
-		ent := &b.entries[k]
-		if s := shm.Status(b.status[k].Load()); s != shm.StatusOK && ent.Status == shm.StatusOK {
-			ent.Status, ent.Rows = s, 0
+	for k := range b.tasks.Len() {
+		if b.tasks.Settle(k, now, d) {
 			d.e.m.reqInvalid.Inc()
-		} else if ent.Status == shm.StatusOK {
-			// Dropped before execute: expired or cancelled while batching.
-			if b.dead[k] != 0 && now.UnixNano() > b.dead[k] {
-				ent.Status, ent.Rows = shm.StatusExpired, 0
-			} else if d.readers[ent.Lane].Canceled(ent.Slot) {
-				ent.Status, ent.Rows = shm.StatusCanceled, 0
-			}
 		}
-		if err := b.st.SetEntry(k, *ent); err != nil {
+		t := b.tasks.At(k)
+		if err := b.st.SetEntry(k, t.Entry()); err != nil {
 			return err
 		}
-		d.e.m.queueWait.Observe(now.Sub(b.readAt[k]).Seconds())
+		d.e.m.queueWait.Observe(now.Sub(t.ReadAt).Seconds())
 	}
 	rows := d.batcher.Rows()
 	var tc shm.TraceContext
 	if d.tracer != nil {
 		tc = d.traceBatch(b, rows, now)
 	}
-	if _, err := d.bw.Publish(b.st, shm.BatchDesc{Examples: rows, Entries: len(b.entries), Trace: tc}); err != nil {
+	if _, err := d.bw.Publish(b.st, shm.BatchDesc{Examples: rows, Entries: b.tasks.Len(), Trace: tc}); err != nil {
 		return err
 	}
-	if d.e.opts.Mode == batch.SLO {
+	if d.e.opts.Mode.Predicts() {
 		d.updateCosts()
 		if p := d.batcher.Sealed(now); p > 0 {
 			d.e.m.predictedExec.Observe(p.Seconds())

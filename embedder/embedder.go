@@ -152,11 +152,14 @@ type Embedder struct {
 	// stopped is closed when Run has returned: a Load then fails at once.
 	stopped chan struct{}
 
-	mu     sync.Mutex
-	store  *Store // serving store; Run owns it
-	gen    Generation
-	seg    *shm.Segment
-	pulses map[*shm.Pulse]struct{} // of the generations being served (Live)
+	// pulses are the dispatcher loops' proofs of progress, one per
+	// generation being served (Live).
+	pulses shm.PulseSet
+
+	mu    sync.Mutex
+	store *Store // serving store; Run owns it
+	gen   Generation
+	seg   *shm.Segment
 }
 
 type loadRequest struct {
@@ -173,7 +176,7 @@ func New(opts Options) (*Embedder, error) {
 	if opts.MaxBatch > model.MaxBatchLimit {
 		return nil, fmt.Errorf("embedder: max batch %d above %d (change --max-batch)", opts.MaxBatch, model.MaxBatchLimit)
 	}
-	e := &Embedder{opts: opts, m: newMetrics(opts.Registry), log: opts.Log, loads: make(chan loadRequest), stopped: make(chan struct{}), pulses: map[*shm.Pulse]struct{}{}}
+	e := &Embedder{opts: opts, m: newMetrics(opts.Registry), log: opts.Log, loads: make(chan loadRequest), stopped: make(chan struct{})}
 	store, err := e.loadStore(opts.Bundle)
 	if err != nil {
 		return nil, err
@@ -196,16 +199,7 @@ func (e *Embedder) loadStore(dir string) (*Store, error) {
 
 // Live reports whether every generation's dispatcher loop is making
 // progress (true with none running).
-func (e *Embedder) Live() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for p := range e.pulses {
-		if !p.Live(0) {
-			return false
-		}
-	}
-	return true
-}
+func (e *Embedder) Live() bool { return e.pulses.Live(0) }
 
 // Store is the serving table store.
 func (e *Embedder) Store() *Store {
@@ -514,30 +508,6 @@ func (e *Embedder) create(store *Store) (*generation, error) {
 	return &generation{seg: seg, store: store, pulse: shm.NewPulse(), started: time.Now()}, nil
 }
 
-// openBatch is the batch being filled in one staging buffer. One exists
-// per staging buffer, made once, so filling a batch allocates nothing.
-type openBatch struct {
-	st      *shm.Staging
-	pooled  []float32
-	dense   []float32
-	entries []shm.BatchEntry
-	status  []atomic.Uint32
-	readAt  []time.Time
-	dead    []int64 // deadlines, unix ns
-	traces  []shm.TraceContext
-	wg      sync.WaitGroup
-}
-
-// job is one chunk of one request's lookups.
-type job struct {
-	b       *openBatch
-	entry   int
-	payload model.RequestPayload // the whole request's arrays (decodeRequest)
-	first   int                  // first example of the chunk within the request
-	n       int
-	row     int // staging row of the chunk's first example
-}
-
 // serve runs one generation: heartbeat, workers and the dispatcher.
 func (e *Embedder) serve(ctx context.Context, g *generation) error {
 	seg := g.seg
@@ -553,14 +523,8 @@ func (e *Embedder) serve(ctx context.Context, g *generation) error {
 	// while the loop ticks, so a stuck dispatcher is declared hung.
 	pulse := g.pulse
 	pulse.Tick()
-	e.mu.Lock()
-	e.pulses[pulse] = struct{}{}
-	e.mu.Unlock()
-	defer func() {
-		e.mu.Lock()
-		delete(e.pulses, pulse)
-		e.mu.Unlock()
-	}()
+	e.pulses.Add(pulse)
+	defer e.pulses.Remove(pulse)
 	// Every goroutine that touches the mapping guards against faults, the
 	// last line behind the sealed memfds: a fault ends this generation
 	// (the first fault is its error), never the embedder.
@@ -606,50 +570,6 @@ func (e *Embedder) serve(ctx context.Context, g *generation) error {
 		return *f
 	}
 	return err
-}
-
-// worker does lookup jobs with its own scratch, so ids read from shared
-// memory are copied once and then validated and used from private memory:
-// a frontend rewriting them mid-lookup cannot make the kernel read out of
-// bounds.
-type worker struct {
-	e     *Embedder
-	store *Store
-	ids   []int32
-}
-
-func newWorker(e *Embedder, store *Store) *worker {
-	return &worker{e: e, store: store, ids: make([]int32, DefaultChunk*store.Config.SparseWidth())}
-}
-
-func (w *worker) run(j job) {
-	defer j.b.wg.Done()
-	start := time.Now()
-	cfg := w.store.Config
-	width := cfg.SparseWidth()
-	ids := w.ids[:j.n*width]
-	copy(ids, j.payload.Sparse[j.first*width:(j.first+j.n)*width])
-	tables := w.store.Tables
-	per := len(cfg.VocabSizes) * cfg.EmbeddingDim
-	out := j.b.pooled[j.row*per : (j.row+j.n)*per]
-	// Pool checks every id before it reads a row.
-	if err := tables.Pool(out, ids, j.n); err != nil {
-		st := shm.StatusInternal
-		if errors.Is(err, lookup.ErrBadID) {
-			st = shm.StatusInvalid
-		}
-		j.b.status[j.entry].Store(uint32(st))
-		return
-	}
-	nd := cfg.NumDense
-	copy(j.b.dense[j.row*nd:(j.row+j.n)*nd], j.payload.Dense[j.first*nd:(j.first+j.n)*nd])
-	took := time.Since(start)
-	w.e.m.lookup.Observe(took.Seconds())
-	if w.e.opts.Mode == batch.SLO {
-		// Shared by every worker: only the mode that predicts pays for it.
-		w.e.lookupNanos.Add(int64(took))
-		w.e.lookupExamples.Add(int64(j.n))
-	}
 }
 
 // Close releases the tables if Run was never called.

@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"math"
 	"slices"
-	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -80,7 +80,8 @@ func (r *payloadRig) pool(ids []int32, n int) (pooled []float32, ok bool) {
 }
 
 // read runs a request through decodeRequest and, when it is accepted, the
-// lookup jobs place would give the workers, into a fresh batch.
+// lookup jobs place would give the workers, into a fresh batch whose one
+// task is then settled as seal would.
 func (r *payloadRig) read(req *shm.Request) (p model.RequestPayload, st shm.Status, b *openBatch) {
 	p, st = decodeRequest(r.cfg, r.maxBatch, req)
 	if st != shm.StatusOK {
@@ -88,13 +89,23 @@ func (r *payloadRig) read(req *shm.Request) (p model.RequestPayload, st shm.Stat
 	}
 	per := len(r.cfg.VocabSizes) * lookup.Dim
 	n := req.Examples
-	b = &openBatch{pooled: make([]float32, n*per), dense: make([]float32, n*r.cfg.NumDense), status: make([]atomic.Uint32, 1)}
+	b = &openBatch{pooled: make([]float32, n*per), dense: make([]float32, n*r.cfg.NumDense), tasks: batch.NewTasks(1)}
+	k := b.tasks.Add(batch.Task{Examples: n})
 	for first := 0; first < n; first += DefaultChunk {
 		b.wg.Add(1)
-		r.w.run(job{b: b, payload: p, first: first, n: min(DefaultChunk, n-first), row: first})
+		r.w.run(job{b: b, entry: k, payload: p, first: first, n: min(DefaultChunk, n-first), row: first})
 	}
+	b.tasks.Settle(k, time.Now(), notCanceled{})
 	return p, st, b
 }
+
+// notCanceled is a batch.Canceler whose callers never give up.
+type notCanceled struct{}
+
+func (notCanceled) Canceled(lane, slot int) bool { return false }
+
+// lookupStatus is the outcome the batch's one task was settled with.
+func (b *openBatch) lookupStatus() shm.Status { return b.tasks.At(0).Status() }
 
 // validPayload encodes a request of n examples with every id in range.
 func (r *payloadRig) validPayload(tb testing.TB, n int) []byte {
@@ -136,7 +147,7 @@ func TestDecodeRequest(t *testing.T) {
 		t.Fatal("decoded arrays differ from what was encoded")
 	}
 	want, _ := r.pool(ref.Sparse, n)
-	if got := b.status[0].Load(); got != uint32(shm.StatusOK) || !slices.Equal(b.pooled, want) || !slices.Equal(b.dense, ref.Dense) {
+	if got := b.lookupStatus(); got != shm.StatusOK || !slices.Equal(b.pooled, want) || !slices.Equal(b.dense, ref.Dense) {
 		t.Fatalf("lookups: status %d, pooled or dense rows differ from the reference", got)
 	}
 
@@ -155,8 +166,8 @@ func TestDecodeRequest(t *testing.T) {
 	copy(r.arena, enc)
 	lay := r.cfg.Request(n)
 	copy(r.arena[lay.SparseOffset+4*(n-1)*r.cfg.SparseWidth():], []byte{0xff, 0xff, 0xff, 0x7f})
-	if _, st, b := r.read(&req); st != shm.StatusOK || b.status[0].Load() != uint32(shm.StatusInvalid) {
-		t.Fatalf("an id out of range: status %v, lookup status %d", st, b.status[0].Load())
+	if _, st, b := r.read(&req); st != shm.StatusOK || b.lookupStatus() != shm.StatusInvalid {
+		t.Fatalf("an id out of range: status %v, lookup status %d", st, b.lookupStatus())
 	}
 }
 
@@ -209,7 +220,7 @@ func FuzzRequestPayload(f *testing.F) {
 			t.Fatalf("re-encoding the decoded request changed it (%v)", err)
 		}
 		want, ok := r.pool(ref.Sparse, n)
-		switch got := shm.Status(b.status[0].Load()); {
+		switch got := b.lookupStatus(); {
 		case !ok && got != shm.StatusInvalid:
 			t.Fatalf("ids out of range: lookup status %v, want invalid", got)
 		case ok && got != shm.StatusOK:

@@ -25,27 +25,28 @@ func spanContext(tc shm.TraceContext) trace.SpanContext {
 // own trace. It returns the lookup span's context for the batch
 // descriptor, so the accelerator's spans can link to it.
 func (d *dispatcher) traceBatch(b *openBatch, rows int, now time.Time) shm.TraceContext {
-	links := make([]trace.Link, 0, len(b.entries))
+	links := make([]trace.Link, 0, b.tasks.Len())
 	first := now
-	for k := range b.entries {
-		if b.readAt[k].Before(first) {
-			first = b.readAt[k]
+	for k := range b.tasks.Len() {
+		t := b.tasks.At(k)
+		if t.ReadAt.Before(first) {
+			first = t.ReadAt
 		}
-		sc := spanContext(b.traces[k])
+		sc := spanContext(t.Trace)
 		if !sc.IsValid() {
 			continue
 		}
 		links = append(links, trace.Link{SpanContext: sc})
 		if sc.IsSampled() {
 			ctx := trace.ContextWithRemoteSpanContext(context.Background(), sc)
-			_, s := d.tracer.Start(ctx, "embedder.queue_wait", trace.WithTimestamp(b.readAt[k]),
-				trace.WithAttributes(attribute.Int("recmesh.lane", b.entries[k].Lane), attribute.Int("recmesh.examples", b.entries[k].Rows)))
+			_, s := d.tracer.Start(ctx, "embedder.queue_wait", trace.WithTimestamp(t.ReadAt),
+				trace.WithAttributes(attribute.Int("recmesh.lane", t.Lane), attribute.Int("recmesh.examples", t.Rows())))
 			s.End(trace.WithTimestamp(now))
 		}
 	}
 	_, span := d.tracer.Start(context.Background(), "embedder.lookup_batch",
 		trace.WithTimestamp(first), trace.WithLinks(links...),
-		trace.WithAttributes(attribute.Int("recmesh.examples", rows), attribute.Int("recmesh.requests", len(b.entries)),
+		trace.WithAttributes(attribute.Int("recmesh.examples", rows), attribute.Int("recmesh.requests", b.tasks.Len()),
 			attribute.String("recmesh.batch_mode", d.e.opts.Mode.String())))
 	span.End(trace.WithTimestamp(now))
 	sc := span.SpanContext()

@@ -10,8 +10,8 @@ import (
 	"github.com/recmesh/recmesh/shm"
 )
 
-// FuzzBatchEntries feeds the accelerator's batch serving (serveBatch, the
-// loop's own step) batches whose example count and entries table a hostile
+// FuzzBatchEntries feeds the accelerator's batch serving (genLoop's
+// serveBatch, the loop's own step) batches whose example count and entries table a hostile
 // or buggy embedder chose, against a lane with requests in flight. Each
 // entry is 6 fuzz bytes: lane (offset from the frontend's), slot, epoch
 // (offset from the lane's, as a signed byte), first row, rows, status. The server must never panic or
@@ -29,7 +29,6 @@ func FuzzBatchEntries(f *testing.F) {
 	cfg := prog.Config()
 	srv := newServer(Options{}, prog)
 	times := newExecTimes(prog.Buckets())
-	rows := testMaxExamples
 	name := fmt.Sprintf("recmesh-fuzz-batch-%d", os.Getpid())
 
 	// The requests in flight: slots 0, 1, 2 of the frontend's lane, with
@@ -70,18 +69,16 @@ func FuzzBatchEntries(f *testing.F) {
 		}
 		seq := g.publish(int(examples), entries...)
 
-		reader := seg.BatchReader()
-		b, ok, err := reader.Poll()
+		l, err := srv.newLoop(seg, prog, times, shm.NewPulse())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.close()
+		b, ok, err := l.reader.Poll()
 		if !ok || err != nil {
 			t.Fatalf("the published batch: %v, %v", ok, err)
 		}
-		writers := make([]*shm.CompletionWriter, seg.Geometry().Lanes)
-		for i := range writers {
-			writers[i], _ = seg.CompletionWriter(i)
-		}
-		regions := make([]inputs, seg.Geometry().StagingCount+1)
-		scores := make([]float32, prog.MaxBucket())
-		if err := srv.serveBatch(prog, seg, times, reader, regions, b, rows, writers, make([]bool, len(writers)), scores); err != nil {
+		if err := l.serveBatch(b); err != nil {
 			t.Fatalf("serveBatch ended the generation: %v", err)
 		}
 		if seg.CompletedSeq() != seq {

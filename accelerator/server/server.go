@@ -17,7 +17,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -76,9 +75,10 @@ type Server struct {
 	// times are the execution time estimates of each program, calibrated
 	// once and carried across generations.
 	times map[program]*execTimes
+
 	// pulses are the serving loops' proofs of progress, one per attached
 	// generation (Live).
-	pulses map[*shm.Pulse]struct{}
+	pulses shm.PulseSet
 }
 
 // Allowances of the serving loop's long steps (shm.Pulse.Expect): past
@@ -94,16 +94,7 @@ func runAllowance(estimate time.Duration) time.Duration { return 8*estimate + ru
 
 // Live reports whether every serving loop is making progress (true with
 // none attached: waiting for a generation is not being stuck).
-func (s *Server) Live() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for p := range s.pulses {
-		if !p.Live(0) {
-			return false
-		}
-	}
-	return true
-}
+func (s *Server) Live() bool { return s.pulses.Live(0) }
 
 // New checks the options.
 func New(opts Options) (*Server, error) {
@@ -134,7 +125,6 @@ func newServer(opts Options, ex program) *Server {
 		m:      newMetrics(opts.Registry, ex.Buckets()),
 		refs:   map[program]int{},
 		times:  map[program]*execTimes{},
-		pulses: map[*shm.Pulse]struct{}{},
 		tracer: newTracer(opts.Tracer),
 	}
 }
@@ -315,14 +305,8 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex program) error 
 	// ticks (every wake-up of the batch wait, every batch), so a loop stuck
 	// in a device call stops it and the embedder declares us hung.
 	pulse := shm.NewPulse()
-	s.mu.Lock()
-	s.pulses[pulse] = struct{}{}
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.pulses, pulse)
-		s.mu.Unlock()
-	}()
+	s.pulses.Add(pulse)
+	defer s.pulses.Remove(pulse)
 	go func() {
 		defer close(beat)
 		if err := shm.GuardFaults(func() error { return seg.AcceleratorHeartbeat(ctx, 0, pulse) }); errors.Is(err, shm.ErrSegmentLost) {
@@ -330,100 +314,16 @@ func (s *Server) serve(ctx context.Context, seg *shm.Segment, ex program) error 
 		}
 	}()
 
-	g := seg.Geometry()
-	writers := make([]*shm.CompletionWriter, g.Lanes)
-	for i := range writers {
-		w, err := seg.CompletionWriter(i)
-		if err != nil {
-			return err
-		}
-		writers[i] = w
-	}
-	rows := model.PowerOfTwoCeil(g.MaxExamples)
-	// One region per staging buffer (zero-copy), then the private one.
-	regions := make([]inputs, g.StagingCount+1)
-	defer func() {
-		for _, in := range regions {
-			if in != nil {
-				in.Close()
-			}
-		}
-	}()
 	times, err := s.execTimesFor(ex) // calibrated by attach
 	if err != nil {
 		return fmt.Errorf("accelerator: calibrate: %w", err)
 	}
-	touched := make([]bool, g.Lanes)
-	scores := make([]float32, ex.MaxBucket())
-	reader := seg.BatchReader()
-	reader.Pulse = pulse
-	for {
-		pulse.Tick()
-		b, err := reader.Wait(ctx)
-		if err != nil {
-			if errors.Is(err, shm.ErrCorrupt) {
-				s.log.Warn("dropped a corrupt batch descriptor", "err", err)
-				continue
-			}
-			return err
-		}
-		_, idx, _ := ex.BucketFor(max(b.Examples, 1))
-		pulse.Expect(runAllowance(times.estimate(idx)))
-		if err := s.serveBatch(ex, seg, times, reader, regions, b, rows, writers, touched, scores); err != nil {
-			return err
-		}
-		// The embedder's zero-wait merger seals its open batch when the
-		// device frees up: tell it now rather than at its next tick.
-		seg.EmbedderBell().Ring()
+	l, err := s.newLoop(seg, ex, times, pulse)
+	if err != nil {
+		return err
 	}
-}
-
-// serveBatch runs batch b, completes every request it carries and hands
-// its staging buffer back. A batch claiming more examples than a staging
-// buffer holds (rows) is corrupt: it is not run, its live requests fail
-// with StatusInternal and the generation goes on. An error (no input
-// region, or Done refusing the batch) ends the generation.
-func (s *Server) serveBatch(ex program, seg *shm.Segment, times *execTimes, reader *shm.BatchReader, regions []inputs, b shm.Batch, rows int, writers []*shm.CompletionWriter, touched []bool, scores []float32) error {
-	var in inputs
-	if b.Examples <= rows {
-		var err error
-		if in, err = s.batchInputs(ex, regions, b, rows); err != nil {
-			return err
-		}
-	} else {
-		s.log.Warn("batch has more examples than a staging buffer holds", "batch", b.Seq, "examples", b.Examples, "rows", rows)
-	}
-	s.runBatch(ex, seg, times, reader, b, in, writers, touched, scores)
-	return reader.Done(b)
-}
-
-// batchInputs returns the inputs batch b runs from: the staging buffer
-// itself (wrapped once per buffer in inputs), or with CopyStaging the
-// private region regions[len(regions)-1] with the batch's rows copied in.
-// The copy runs in this goroutine, which the caller guards against faults.
-func (s *Server) batchInputs(ex program, regions []inputs, b shm.Batch, rows int) (inputs, error) {
-	if !s.opts.CopyStaging {
-		if regions[b.Staging] == nil {
-			in, err := ex.NewInputs(b.Data, rows)
-			if err != nil {
-				return nil, fmt.Errorf("accelerator: wrap staging %d: %w", b.Staging, err)
-			}
-			regions[b.Staging] = in
-		}
-		return regions[b.Staging], nil
-	}
-	priv := &regions[len(regions)-1]
-	if *priv == nil {
-		in, err := ex.NewHostInputs(rows)
-		if err != nil {
-			return nil, fmt.Errorf("accelerator: private input region: %w", err)
-		}
-		*priv = in
-	}
-	if err := (*priv).CopyRows(b.Data, b.Examples); err != nil {
-		return nil, fmt.Errorf("accelerator: copy batch %d: %w", b.Seq, err)
-	}
-	return *priv, nil
+	defer l.close()
+	return l.run(ctx)
 }
 
 // execTimesFor returns ex's execution time estimates, calibrating them on
@@ -449,105 +349,6 @@ func (s *Server) execTimesFor(ex program) (*execTimes, error) {
 	}
 	s.times[ex] = t
 	return t, nil
-}
-
-// publishExec puts bucket b's (index i) estimate into the segment and the
-// predicted-time gauge.
-func (s *Server) publishExec(seg *shm.Segment, i, b int, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	seg.SetExecTime(b, d)
-	s.m.predicted[i].Set(d.Seconds())
-}
-
-// runBatch executes one batch and completes every request it carries. A
-// nil in means the batch cannot run (serveBatch says why).
-func (s *Server) runBatch(ex program, seg *shm.Segment, times *execTimes, reader *shm.BatchReader, b shm.Batch, in inputs, writers []*shm.CompletionWriter, touched []bool, scores []float32) {
-	n := b.Examples
-	runStatus := shm.StatusOK
-	if n > 0 && in == nil {
-		reader.Executed(b) // nothing will run: the device is free
-		runStatus = shm.StatusInternal
-	} else if n > 0 {
-		start := time.Now()
-		err := ex.Run(in, n, scores)
-		// The device is free now, before the completions are written: the
-		// embedder may seal its next batch while callers get their scores.
-		reader.Executed(b)
-		seg.EmbedderBell().Ring()
-		if err != nil {
-			s.log.Error("execute", "examples", n, "err", err)
-			runStatus = shm.StatusInternal
-		} else {
-			end := time.Now()
-			bucket, idx, _ := ex.BucketFor(n)
-			if s.tracer != nil {
-				s.traceBatch(reader, b, writers, bucket, start, end)
-			}
-			s.m.execute[idx].Observe(end.Sub(start).Seconds())
-			s.publishExec(seg, idx, bucket, times.observe(idx, end.Sub(start)))
-			s.m.runs[idx].Inc()
-			s.m.batch.Observe(float64(n))
-			s.m.padding.Observe(float64(bucket-n) / float64(bucket))
-		}
-	}
-	for i := 0; i < b.Entries; i++ {
-		e, err := reader.Entry(b, i)
-		if err != nil {
-			s.log.Warn("bad batch entry", "batch", b.Seq, "entry", i, "err", err)
-			continue
-		}
-		if e.Lane < 0 || e.Lane >= len(writers) {
-			continue
-		}
-		w := writers[e.Lane]
-		status := e.Status
-		if status == shm.StatusOK {
-			status = runStatus
-		}
-		if status == shm.StatusOK {
-			status = writeScores(w, e, n, scores)
-		}
-		c := shm.Completion{Slot: e.Slot, Epoch: e.Epoch, Status: status, Examples: e.Rows}
-		if status != shm.StatusOK {
-			c.Examples = 0
-		}
-		if err := w.Add(c); err != nil {
-			// A stale epoch: the lane changed hands; nobody waits for it.
-			continue
-		}
-		touched[e.Lane] = true
-		if int(status) < len(s.m.completed) {
-			s.m.completed[status].Inc()
-		}
-	}
-	for i, t := range touched {
-		if t {
-			writers[i].Flush()
-			touched[i] = false
-		}
-	}
-}
-
-// writeScores copies an entry's rows of the batch's scores into its slot.
-func writeScores(w *shm.CompletionWriter, e shm.BatchEntry, n int, scores []float32) shm.Status {
-	if e.Rows <= 0 || e.FirstRow < 0 || e.FirstRow+e.Rows > n {
-		return shm.StatusInternal
-	}
-	dst, err := w.Scores(e.Slot, e.Epoch)
-	if err != nil {
-		if errors.Is(err, shm.ErrStaleEpoch) {
-			return shm.StatusUnavailable
-		}
-		return shm.StatusInternal
-	}
-	if len(dst) != 4*e.Rows {
-		return shm.StatusInternal
-	}
-	src := scores[e.FirstRow : e.FirstRow+e.Rows]
-	copy(dst, unsafe.Slice((*byte)(unsafe.Pointer(&src[0])), 4*e.Rows))
-	return shm.StatusOK
 }
 
 // metrics are the accelerator's Prometheus series.

@@ -1,15 +1,14 @@
 // Package batch decides how the embedder groups requests into batches: how
 // many examples a batch may hold, when an open batch is sealed and handed
 // to the accelerator, and (in SLO mode) which requests are shed because
-// they can no longer finish within the latency target. It is pure policy:
+// they can no longer finish within the latency target; and, in Tasks, what
+// becomes of each request a batch carries. It is policy and bookkeeping:
 // no goroutines, no shared memory, a clock and cost estimates passed in, so
 // tests drive it by hand.
 package batch
 
 import (
 	"fmt"
-	"math"
-	"math/bits"
 	"strings"
 	"time"
 )
@@ -83,6 +82,28 @@ func (m Mode) String() string {
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
+
+// The embedder asks a mode what it does through the methods below rather
+// than comparing modes, so what each mode implies is said here, once.
+
+// SealsOnIdle reports whether the mode seals an open batch when the device
+// goes idle (a zero-wait merger), so the embedder must wake when it does:
+// Model and SLO.
+func (m Mode) SealsOnIdle() bool { return m == Model || m == SLO }
+
+// Predicts reports whether the mode plans batches with predicted costs:
+// the embedder then measures its lookups and gives them, with the
+// accelerator's execution times, to Costs, and tells the Batcher of each
+// batch it seals (Sealed). SLO only.
+func (m Mode) Predicts() bool { return m == SLO }
+
+// Sheds reports whether the mode refuses requests predicted to miss the
+// latency target (Admit, Overloaded). SLO only.
+func (m Mode) Sheds() bool { return m == SLO }
+
+// FollowsFeedback reports whether the mode moves its margin with the
+// frontends' count of calls that missed the target (Feedback). SLO only.
+func (m Mode) FollowsFeedback() bool { return m == SLO }
 
 // Defaults.
 const (
@@ -198,168 +219,6 @@ type Batcher struct {
 	idle bool
 }
 
-// arrivalRate estimates the offered load in examples per second: counts
-// over windows of rateWindow, blended into a moving average that forgets
-// by rateWeight per window (also across windows without arrivals).
-type arrivalRate struct {
-	start    time.Time
-	examples int
-	perSec   float64
-}
-
-const (
-	rateWindow = 20 * time.Millisecond
-	rateWeight = 0.25
-)
-
-func (r *arrivalRate) add(n int, now time.Time) {
-	if r.start.IsZero() {
-		r.start = now
-	}
-	r.roll(now)
-	r.examples += n
-}
-
-// roll closes the current window once it is rateWindow long.
-func (r *arrivalRate) roll(now time.Time) {
-	el := now.Sub(r.start)
-	if el < rateWindow {
-		return
-	}
-	windows := float64(el) / float64(rateWindow)
-	keep := math.Pow(1-rateWeight, windows)
-	r.perSec = keep*r.perSec + (1-keep)*float64(r.examples)/el.Seconds()
-	r.start, r.examples = now, 0
-}
-
-// returnRate learns how often the callers of a batch the device just
-// finished were all back within returnWindow of it: closed-loop clients
-// (perf_analyzer's concurrency mode, a pool of workers that each wait for
-// their answer) nearly always are, independent arrivals hardly ever. It is
-// judged whether or not the batcher waited for them, so it keeps learning
-// when it does not wait.
-type returnRate struct {
-	judging bool
-	by      time.Time // the callers count as back only until then
-	need    int       // rows of the batch just finished
-	rate    float64   // moving average of the outcomes, 1 = all back
-}
-
-const (
-	// returnWeight is the weight of one outcome in returnRate.
-	returnWeight = 0.125
-	// returnLikely is how often the callers must have come back for a
-	// batch to wait for them.
-	returnLikely = 0.5
-)
-
-// start begins judging the batch of need rows the device finished at now.
-func (r *returnRate) start(need int, window time.Duration, now time.Time) {
-	r.judge(false, now)
-	r.judging = need > 0 && window > 0
-	r.by, r.need = now.Add(window), need
-}
-
-// arrived judges the current batch once arrivals since it finished reach
-// its rows, or once its window is over.
-func (r *returnRate) arrived(since int, now time.Time) {
-	if r.judging && since >= r.need {
-		r.judge(!now.After(r.by), now)
-	}
-	r.judge(false, now)
-}
-
-// judge records an outcome: back (true), or not back when the window is
-// over. Nothing happens when no batch is being judged, or when it is not
-// back and its window still runs.
-func (r *returnRate) judge(back bool, now time.Time) {
-	if !r.judging || !back && !now.After(r.by) {
-		return
-	}
-	r.judging = false
-	v := 0.0
-	if back {
-		v = 1
-	}
-	r.rate += returnWeight * (v - r.rate)
-}
-
-// overload is admission control's state: SLO mode sheds only while
-// predicted misses are standing, not for one late request.
-type overload struct {
-	shedding bool
-	// lateSince starts an unbroken run of requests predicted to miss the
-	// target, onTimeSince one predicted on time (zero: no such run).
-	lateSince, onTimeSince time.Time
-	// drops counts the late requests shed in this overload; the next may
-	// be shed at nextDrop (CoDel's control law).
-	drops    int
-	nextDrop time.Time
-}
-
-// observe records one prediction at now and reports whether the mesh is
-// overloaded: it becomes so once predictions have missed for a whole
-// window and stops once they have been on time for one.
-func (o *overload) observe(late bool, now time.Time, window time.Duration) bool {
-	if late {
-		o.onTimeSince = time.Time{}
-		if o.lateSince.IsZero() {
-			o.lateSince = now
-		}
-		if !o.shedding && now.Sub(o.lateSince) >= window {
-			o.shedding, o.drops, o.nextDrop = true, 0, now
-		}
-		return o.shedding
-	}
-	o.lateSince = time.Time{}
-	if o.shedding {
-		if o.onTimeSince.IsZero() {
-			o.onTimeSince = now
-		}
-		if now.Sub(o.onTimeSince) >= window {
-			o.shedding, o.onTimeSince = false, time.Time{}
-		}
-	}
-	return o.shedding
-}
-
-// drop reports whether a late request arriving at now during an overload
-// is shed: the first at once, then each after window/√drops, so shedding
-// grows until it matches the excess load. Shedding every late request at
-// once would, under clients that ask again as soon as they are refused,
-// turn one slow batch into a storm of refusals that keeps every later
-// prediction late.
-func (o *overload) drop(now time.Time, window time.Duration) bool {
-	if now.Before(o.nextDrop) {
-		return false
-	}
-	o.drops++
-	o.nextDrop = now.Add(time.Duration(float64(window) / math.Sqrt(float64(o.drops))))
-	return true
-}
-
-// feedback is the state of the margin's control loop.
-type feedback struct {
-	started       bool
-	calls, misses uint64 // the last totals read
-	wCalls, wMiss uint64 // the window being judged
-}
-
-// The margin's control loop, after Clipper's AIMD (which moves the batch
-// size instead): judged every feedbackWindow served calls, the margin grows
-// by half (plus a fiftieth of the target) when more than missTarget of
-// them missed the target, and shrinks by a hundredth of the target when
-// fewer than half as many did. Growing fast and shrinking slowly keeps the
-// p99 under the target through a load change at the price of a slightly
-// smaller batch in steady state. It stays between a twentieth and a
-// quarter of the target: misses that come from overload, not from what
-// the plan leaves out, would otherwise push it up until batches shrink,
-// throughput falls and more calls miss.
-const (
-	feedbackWindow = 200
-	missTarget     = 0.01 // the target is a p99
-)
-
 // New returns a Batcher with an empty open batch. costs may be nil outside
 // SLO mode; in SLO mode a nil costs predicts nothing, so nothing is shed
 // and batches grow as in Model mode.
@@ -371,38 +230,6 @@ func New(opts Options, costs *Costs) *Batcher {
 	b.margin = b.opts.Margin
 	return b
 }
-
-// Feedback gives SLO mode the frontends' running totals of calls served
-// and of those answered later than the latency target, and returns the
-// margin it keeps now. Totals that went backwards (a restarted count)
-// start a new baseline.
-func (b *Batcher) Feedback(calls, misses uint64) time.Duration {
-	f := &b.fb
-	if !f.started || calls < f.calls || misses < f.misses {
-		f.started, f.calls, f.misses = true, calls, misses
-		return b.margin
-	}
-	dc, dm := calls-f.calls, misses-f.misses
-	f.calls, f.misses = calls, misses
-	f.wCalls += dc
-	f.wMiss += min(dm, dc)
-	if f.wCalls < feedbackWindow {
-		return b.margin
-	}
-	target := b.opts.LatencyTarget
-	ratio := float64(f.wMiss) / float64(f.wCalls)
-	f.wCalls, f.wMiss = 0, 0
-	switch {
-	case ratio > missTarget:
-		b.margin = min(b.margin+b.margin/2+target/50, target/4)
-	case ratio < missTarget/2:
-		b.margin = max(b.margin-target/100, target/20)
-	}
-	return b.margin
-}
-
-// Margin is the part of the latency target kept back now.
-func (b *Batcher) Margin() time.Duration { return b.margin }
 
 // Costs returns the cost model the Batcher predicts with.
 func (b *Batcher) Costs() *Costs { return b.costs }
@@ -497,77 +324,6 @@ func (b *Batcher) finish(rows, pending int, now time.Time) time.Time {
 	return start.Add(b.costs.Exec(rows))
 }
 
-// Admit is SLO mode's admission control for a request of n examples that
-// arrived at arrival and must finish by deadline (zero: no deadline of its
-// own), decided at now. It predicts when the request would finish where it
-// goes next (the open batch if it Fits, else a new batch behind it) and
-// refuses it when that is past its own deadline, or past the latency
-// target while the mesh is overloaded: every request predicted to miss the
-// target for a whole OverloadWindow. Outside
-// overload a request predicted late is served late (one slow batch or a
-// burst is not a reason to refuse work). A request with nothing ahead of
-// it on the device counts as late only when it waited in its lane past
-// what the target leaves for its lookup and run; one too large to finish
-// in time even on an idle device is admitted: shedding it would spare no
-// one else any waiting, and the frontends count it as a budget miss
-// instead. Other modes admit
-// everything. Call it before Fits and Add.
-func (b *Batcher) Admit(n int, arrival, deadline, now time.Time) bool {
-	if b.opts.Mode != SLO || n <= 0 {
-		return true
-	}
-	b.rate.add(n, now)
-	if !b.idle {
-		b.busyArrivals = true
-	}
-	var end time.Time
-	if b.entries > 0 && b.Fits(n, arrival, now) {
-		// It joins the open batch: it finishes with it.
-		end = b.finish(b.rows+n, n, now)
-	} else {
-		// A batch of its own, started once the open batch (if any) and the
-		// device's queue are done.
-		free := b.deviceFree
-		if b.entries > 0 {
-			free = b.finish(b.rows, 0, now)
-		}
-		if !free.After(now.Add(b.costs.Lookup(n))) {
-			// Nothing ahead of it on the device. It is late only if it
-			// waited its budget away before the embedder took it: where
-			// the device is fast and the embedder shares a core with the
-			// frontends, the queue stands in the lanes, not on the
-			// device, and serving what is already late there only
-			// makes the requests behind it late too.
-			run := b.costs.Lookup(n) + b.costs.Exec(n)
-			end = now.Add(run)
-			if !end.After(arrival.Add(b.opts.LatencyTarget)) || run > b.opts.LatencyTarget {
-				// On time, or too large for the target even on an
-				// idle device taken at once: served, since shedding it
-				// would spare no one any waiting.
-				b.ov.observe(false, now, b.opts.OverloadWindow)
-				return true
-			}
-		} else {
-			end = free.Add(b.costs.Exec(n))
-		}
-	}
-	// Shedding refuses work, so it is for requests that miss the target
-	// itself: the margin is the batch plans' reserve, not a reason to
-	// refuse a request that would still be answered in time.
-	late := end.After(arrival.Add(b.opts.LatencyTarget))
-	if b.ov.observe(late, now, b.opts.OverloadWindow) && late {
-		// A request that would take twice the target is refused at once;
-		// one only late, at the rate the overload has earned.
-		if end.After(arrival.Add(2*b.opts.LatencyTarget)) || b.ov.drop(now, b.opts.OverloadWindow) {
-			return false
-		}
-	}
-	return deadline.IsZero() || !end.After(deadline)
-}
-
-// Overloaded reports whether admission control is shedding.
-func (b *Batcher) Overloaded() bool { return b.ov.shedding }
-
 // DeviceIdle tells the Batcher the device has nothing left to run.
 func (b *Batcher) DeviceIdle(now time.Time) {
 	if b.deviceFree.After(now) {
@@ -580,48 +336,6 @@ func (b *Batcher) DeviceIdle(now time.Time) {
 		b.returns.start(b.prevRows, b.returnWindow(), now)
 	}
 	b.idle = true
-}
-
-// returnWindow is how long after the device goes idle the callers of the
-// batch it finished count as coming back at once: the longest the open
-// batch would wait for them (see returningBy), and at least a twentieth of
-// the target, the time their answers and next requests take through the
-// frontends when the device is fast.
-func (b *Batcher) returnWindow() time.Duration {
-	w := b.costs.Exec(b.prevRows) / 2
-	return max(w, b.opts.LatencyTarget/20)
-}
-
-// awaited reports whether a request of n examples arriving now is one of
-// the returning callers an idle device's open batch waits for (see
-// returningBy). It joins even if that makes the batch's oldest request
-// late: the wait was chosen because the merged run saves the device more
-// than it costs the requests already waiting, and on its own the request
-// would queue behind them anyway.
-func (b *Batcher) awaited(n int) bool {
-	return b.idle && b.prevRows-b.sinceIdle >= n && b.returns.rate >= returnLikely && b.mergingSaves(b.rows, n)
-}
-
-// returningBy reports whether an SLO batch on an idle device waits for the
-// callers of the batch the device just finished, and until when. It waits
-// while callers that usually come back at once (returnRate) are not all
-// back yet and merging them saves the device time: at most half of what
-// it saves, counted from when the device went idle, so the requests
-// already waiting lose less than the returning ones gain. Without it, two
-// groups of closed-loop clients alternate on the device for good: each
-// group's requests arrive while the other's batch runs, and every batch is
-// sealed the moment the device is free, half the size it could be.
-func (b *Batcher) returningBy(now time.Time) (time.Time, bool) {
-	back := b.prevRows - b.sinceIdle
-	if back <= 0 || b.returns.rate < returnLikely || b.rows+back > b.maxRows() {
-		return time.Time{}, false
-	}
-	save := b.costs.Exec(b.rows) + b.costs.Exec(back) - b.costs.Exec(b.rows+back)
-	if save <= 0 {
-		return time.Time{}, false
-	}
-	by := b.idleAt.Add(save / 2)
-	return by, now.Before(by)
 }
 
 // Sealed records that the open batch went to the device at now, so later
@@ -684,77 +398,12 @@ func (b *Batcher) ShouldSeal(now time.Time, deviceIdle bool) bool {
 	}
 }
 
-// FillSize is the batch size SLO mode waits for while the device is idle:
-// the smallest power of two the device runs at least as fast as examples
-// arrive (rate × execution time ≤ size), so batches of it keep up with
-// the load, and no larger than a batch that leaves a request arriving
-// after it time to make the target. 1 at light load or before anything
-// is measured.
-func (b *Batcher) FillSize(now time.Time) int {
-	b.rate.roll(now)
-	return b.fill()
-}
-
-func (b *Batcher) fill() int {
-	if b.rate.perSec <= 0 {
-		return 1
-	}
-	size := 1
-	for ; size < b.maxRows(); size *= 2 {
-		e := b.costs.Exec(size)
-		if e == 0 {
-			return size
-		}
-		keepsUp := b.rate.perSec*e.Seconds() <= float64(size)
-		// Past keeping up, a larger batch still saves the per-call work
-		// of the device and of every process woken per batch (host CPU,
-		// and on the CPU plugin the device's own core): worth up to
-		// fillWait of the budget spent gathering and running it.
-		next := 2 * size
-		gather := time.Duration(float64(next-1) / b.rate.perSec * float64(time.Second))
-		cheaper := gather+b.costs.Exec(next) <= b.budget()/fillWait
-		if keepsUp && !cheaper || !b.leavesRoom(next) {
-			return size
-		}
-	}
-	return b.maxRows()
-}
-
 // maxRows is the most examples a batch merges: MergeRows in SLO mode.
 func (b *Batcher) maxRows() int {
 	if b.opts.Mode == SLO {
 		return b.opts.MergeRows
 	}
 	return b.opts.MaxBatch
-}
-
-// fillWait: a batch grows past the size that keeps up with the load only
-// while gathering and running it take at most this fraction (1/fillWait)
-// of the budget.
-const fillWait = 4
-
-// waitUntil reports whether an SLO batch on an idle device waits at now
-// for more requests, and until when: while it is short of the fill size,
-// more are on their way (see busyArrivals) and its oldest request can
-// still afford to wait (sealBy).
-func (b *Batcher) waitUntil(now time.Time) (time.Time, bool) {
-	b.returns.judge(false, now)
-	if by, wait := b.returningBy(now); wait {
-		return by, true
-	}
-	coming := b.busyArrivals || b.busyArrivalsBefore || b.entries < b.prevEntries
-	if !coming || b.rows >= b.FillSize(now) {
-		return time.Time{}, false
-	}
-	by := b.sealBy()
-	return by, now.Before(by)
-}
-
-// sealBy is the latest moment a waiting SLO batch can be sealed at its
-// fill size and still finish within its oldest request's budget.
-func (b *Batcher) sealBy() time.Time {
-	fill := max(b.fill(), b.rows)
-	return b.first.Add(b.budget() - b.costs.Exec(fill) - b.costs.Lookup(fill-b.rows))
 }
 
 // Deadline is when the open batch must be sealed even if nothing else
@@ -780,88 +429,4 @@ func (b *Batcher) Deadline(now time.Time, deviceIdle bool) (t time.Time, ok bool
 func (b *Batcher) Reset() {
 	b.rows, b.entries = 0, 0
 	b.first = time.Time{}
-}
-
-// Costs predicts how long the embedder's lookups and the device's
-// execution take. The accelerator measures each bucket's execution time
-// (calibrated at start-up, then a high quantile of recent runs) and
-// publishes it; the embedder measures its lookups. Zero values mean
-// unknown and predict nothing.
-type Costs struct {
-	exec [maxBuckets]time.Duration // by log2 of the bucket
-	// expect is what Exec answers, by log2 of the bucket, derived from
-	// exec whenever it changes: the batcher asks for many sizes per
-	// request, the accelerator's figures change a few times a second.
-	expect [maxBuckets]time.Duration
-	// lookupPerExample is the lookups' wall time per example with every
-	// worker busy.
-	lookupPerExample time.Duration
-}
-
-// maxBuckets covers buckets 1 … 2^15.
-const maxBuckets = 16
-
-// SetExec sets the expected execution time of a power-of-two bucket.
-func (c *Costs) SetExec(bucket int, d time.Duration) {
-	i, ok := bucketIndex(bucket)
-	if !ok || c.exec[i] == max(d, 0) {
-		return
-	}
-	c.exec[i] = max(d, 0)
-	c.derive()
-}
-
-// SetLookup sets the lookups' wall time per example.
-func (c *Costs) SetLookup(perExample time.Duration) { c.lookupPerExample = max(perExample, 0) }
-
-// derive computes expect from exec. A bucket's expected time is the least
-// estimate of it and every larger bucket (a larger bucket is never faster,
-// so a smaller bucket's higher estimate is stale or noise: it runs rarely,
-// or ran on a busy core), or failing that the largest smaller bucket's
-// scaled by size (execution is at most linear in the bucket beyond the
-// per-call cost). 0 when nothing is known.
-func (c *Costs) derive() {
-	var least time.Duration
-	for i := maxBuckets - 1; i >= 0; i-- {
-		if d := c.exec[i]; d > 0 && (least == 0 || d < least) {
-			least = d
-		}
-		c.expect[i] = least
-	}
-	var below time.Duration // the largest smaller bucket's estimate, scaled
-	for i := range maxBuckets {
-		switch {
-		case c.expect[i] > 0:
-		case below > 0:
-			c.expect[i] = 2 * below
-		}
-		if c.exec[i] > 0 {
-			below = c.exec[i]
-		} else {
-			below *= 2
-		}
-	}
-}
-
-// Exec is the expected execution time of a batch of rows examples: that
-// of the smallest power-of-two bucket that holds it (see derive).
-func (c *Costs) Exec(rows int) time.Duration {
-	if rows <= 0 {
-		return 0
-	}
-	return c.expect[min(bits.Len(uint(rows-1)), maxBuckets-1)]
-}
-
-// Lookup is the expected wall time of looking up rows examples.
-func (c *Costs) Lookup(rows int) time.Duration {
-	return c.lookupPerExample * time.Duration(max(rows, 0))
-}
-
-func bucketIndex(bucket int) (int, bool) {
-	for i := range maxBuckets {
-		if bucket == 1<<i {
-			return i, true
-		}
-	}
-	return 0, false
 }
