@@ -221,56 +221,80 @@ func TestUnfinishedBodies(t *testing.T) { forEachTransport(t, testUnfinishedBodi
 
 // testUnfinishedBodies: requests that declare a message of about the
 // largest size and never finish it hold no more than the connection's
-// and the frontend's budgets, are ended after BodyTimeout, and give their
-// bytes back; honest calls are served after.
+// budget (on a server whose own budget is far away), then no more than the
+// frontend's (on one whose two connections can each hold all of it, so it
+// is reached whatever order their requests arrive in), and give their bytes back when their connections go; honest calls are
+// served after. The body time limit is far away too, so no request ends
+// by it, however slow the machine (testBodyTimeout has it).
 func testUnfinishedBodies(t *testing.T, tr string) {
-	const connCap, totalCap = 3 << 20, 5 << 20
-	ts := startServerOn(t, tr, newFakeBackend(), func(o *Options) {
-		o.MaxConnBufferedBytes, o.MaxBufferedBytes = connCap, totalCap
-		// Long enough that the first connection still holds its budget
-		// when the second one comes, on a slow machine.
-		o.BodyTimeout = 4 * time.Second
-	})
-	addr := ts.srv.Addr().String()
-	before := heapInUse()
-	const msgLen = 1<<20 - 1000
-	refusedOrCancelled := []string{strconv.Itoa(int(codes.ResourceExhausted)), strconv.Itoa(int(codes.Canceled))}
+	const small, large = 3 << 20, 1 << 30
+	for _, tc := range []struct {
+		reason            string
+		connCap, totalCap int64
+	}{
+		{h2unary.ReasonBodyBytesConn, small, large},
+		{h2unary.ReasonBodyBytesTotal, small, small}, // together past it, each within its own
+	} {
+		ts := startServerOn(t, tr, newFakeBackend(), func(o *Options) {
+			o.MaxConnBufferedBytes, o.MaxBufferedBytes = tc.connCap, tc.totalCap
+			o.BodyTimeout = 10 * time.Minute
+		})
+		addr := ts.srv.Addr().String()
+		before := heapInUse()
+		const msgLen = 1<<20 - 1000
+		refusedOrCancelled := []string{strconv.Itoa(int(codes.ResourceExhausted)), strconv.Itoa(int(codes.Canceled))}
+		conns := []*h2conn{dialH2(t, addr), dialH2(t, addr)}
+		for _, c := range conns {
+			for i := range 10 {
+				if err := c.sendUnfinished(uint32(2*i+1), msgLen); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// 20 MB of requests; each budget holds 3 MiB: the server's (both
+		// connections) or each connection's.
+		want := 20 - 3
+		if tc.reason == h2unary.ReasonBodyBytesConn {
+			want = 20 - 2*3
+		}
+		waitFor(t, 20*time.Second, tc.reason+" refusals", func() bool {
+			return conns[0].ended(refusedOrCancelled...)+conns[1].ended(refusedOrCancelled...) >= want
+		})
+		if got := ts.srv.bufferedBytes(); got > 2*small {
+			t.Errorf("%s: %v request bytes buffered, past the budgets' %d", tc.reason, got, 2*small)
+		}
+		if grown := heapInUse() - before; grown > 16<<20 {
+			t.Errorf("%s: heap grew %d MiB under 20 unfinished 1 MiB requests", tc.reason, grown>>20)
+		}
+		if n := refusedCount(ts, tc.reason); n < 1 {
+			t.Errorf("%s refusals counted: %d", tc.reason, n)
+		}
+		// The connections go: what they held comes back.
+		for _, c := range conns {
+			c.nc.Close()
+		}
+		waitFor(t, 20*time.Second, "buffered bytes given back", func() bool { return ts.srv.bufferedBytes() == 0 })
+		honestCall(t, ts)
+	}
+}
 
-	a := dialH2(t, addr)
-	for i := range 20 {
-		if err := a.sendUnfinished(uint32(2*i+1), msgLen); err != nil {
+func TestBodyTimeout(t *testing.T) { forEachTransport(t, testBodyTimeout) }
+
+// testBodyTimeout: a request whose body never completes is ended after
+// BodyTimeout (DEADLINE_EXCEEDED on lean, CANCELLED on grpc: a cancelled
+// context is all grpc-go lets the frontend end a call with) and gives its
+// bytes back; honest calls are served after.
+func testBodyTimeout(t *testing.T, tr string) {
+	ts := startServerOn(t, tr, newFakeBackend(), func(o *Options) { o.BodyTimeout = time.Second })
+	c := dialH2(t, ts.srv.Addr().String())
+	for i := range 3 {
+		if err := c.sendUnfinished(uint32(2*i+1), 1<<20); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// At most three fit the connection's 3 MiB.
-	waitFor(t, 10*time.Second, "requests past the connection's budget refused", func() bool { return a.ended(refusedOrCancelled...) >= 17 })
-	b := dialH2(t, addr)
-	for i := range 10 {
-		if err := b.sendUnfinished(uint32(2*i+1), msgLen); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// At most five fit the frontend's 5 MiB.
-	waitFor(t, 10*time.Second, "requests past the frontend's budget refused", func() bool {
-		return a.ended(refusedOrCancelled...)+b.ended(refusedOrCancelled...) >= 25
-	})
-	if got := ts.srv.bufferedBytes(); got > totalCap {
-		t.Errorf("%v request bytes buffered, past the frontend's %d", got, totalCap)
-	}
-	// 30 MB of requests were sent; the budgets hold 5 MiB.
-	if grown := heapInUse() - before; grown > 16<<20 {
-		t.Errorf("heap grew %d MiB under 30 unfinished 1 MiB requests", grown>>20)
-	}
-	if refusedCount(ts, h2unary.ReasonBodyBytesConn) < 1 || refusedCount(ts, h2unary.ReasonBodyBytesTotal) < 1 {
-		t.Errorf("refusals counted: body_bytes_conn %d, body_bytes_total %d", refusedCount(ts, h2unary.ReasonBodyBytesConn), refusedCount(ts, h2unary.ReasonBodyBytesTotal))
-	}
-
-	// The ones held end at BodyTimeout: DEADLINE_EXCEEDED on lean,
-	// CANCELLED on grpc (a cancelled context is all grpc-go lets the
-	// frontend end a call with).
-	ended := append(refusedOrCancelled, strconv.Itoa(int(codes.DeadlineExceeded)))
-	waitFor(t, 20*time.Second, "every unfinished request ended", func() bool { return a.ended(ended...) == 20 && b.ended(ended...) == 10 })
-	waitFor(t, 10*time.Second, "buffered bytes given back", func() bool { return ts.srv.bufferedBytes() == 0 })
+	ended := []string{strconv.Itoa(int(codes.DeadlineExceeded)), strconv.Itoa(int(codes.Canceled))}
+	waitFor(t, 30*time.Second, "every unfinished request ended", func() bool { return c.ended(ended...) == 3 })
+	waitFor(t, 20*time.Second, "buffered bytes given back", func() bool { return ts.srv.bufferedBytes() == 0 })
 	if refusedCount(ts, h2unary.ReasonBodyTimeout) < 1 {
 		t.Errorf("body_timeout refusals: %d", refusedCount(ts, h2unary.ReasonBodyTimeout))
 	}
