@@ -88,6 +88,16 @@ type TraceContext struct {
 // IsZero reports whether tc carries no trace.
 func (tc TraceContext) IsZero() bool { return tc == TraceContext{} }
 
+// MemoryGuard is implemented by a Backend whose slots are memory another
+// process may pull away (the mesh's shared segment, which any process
+// with write access could truncate). The frontend runs every call that
+// touches a slot, its inputs written and its scores read, under Guard;
+// a fault there must come back as an error wrapping ErrMemoryLost, not
+// kill the process. Guard covers the calling goroutine only.
+type MemoryGuard interface {
+	Guard(fn func() error) error
+}
+
 // Sentinel errors a Backend wraps (fmt.Errorf("...: %w", ErrFull)) so that the
 // frontend can pick the right status code; codes.go has the full table.
 var (
@@ -100,6 +110,12 @@ var (
 	// its peer process died, or it is closed. The call fails with
 	// UNAVAILABLE, which clients treat as safe to retry.
 	ErrUnavailable = errors.New("backend unavailable")
+
+	// ErrMemoryLost means a slot's memory faulted mid-call (MemoryGuard).
+	// Scoring is idempotent and the request is still the frontend's, so
+	// the call is tried again once the backend serves anew, and fails
+	// with UNAVAILABLE if it does not within a couple of seconds.
+	ErrMemoryLost = errors.New("backend memory lost")
 )
 
 // BadInputError is returned by a Backend that rejects one example's input,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"sync/atomic"
 	"time"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/inference"
-	"github.com/recmesh/recmesh/shm"
 )
 
 // service implements inference.GRPCInferenceServiceServer for one model.
@@ -122,14 +120,14 @@ func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferReque
 	// Scoring is idempotent and the request is still ours: while the
 	// backend replaces the memory that was pulled away (a new generation),
 	// try again, for up to faultRetryWait.
-	for retryEnd := time.Now().Add(faultRetryWait); errors.Is(err, errBackendFault) && time.Now().Before(retryEnd); {
+	for retryEnd := time.Now().Add(faultRetryWait); errors.Is(err, ErrMemoryLost) && time.Now().Before(retryEnd); {
 		time.Sleep(faultRetryPause)
 		if !s.waitReady(ctx, time.Until(retryEnd)) {
 			break
 		}
 		resp, n, err = s.guardedInfer(ctx, req, &times)
 	}
-	if errors.Is(err, errBackendFault) {
+	if errors.Is(err, ErrMemoryLost) {
 		err = status.Errorf(codes.Unavailable, "the model backend's shared memory was lost mid-call; retry: %v", err)
 	}
 	if s.load != nil {
@@ -142,10 +140,6 @@ func (s *service) ModelInfer(ctx context.Context, req *inference.ModelInferReque
 	return resp, err
 }
 
-// errBackendFault is returned by guardedInfer when the call's access to
-// backend memory faulted.
-var errBackendFault = errors.New("frontend: memory fault in the model backend's memory")
-
 // faultRetryWait bounds how long a call whose backend memory was pulled
 // away waits for the backend to serve again before its one retry.
 const faultRetryWait = 2 * time.Second
@@ -153,14 +147,16 @@ const faultRetryWait = 2 * time.Second
 // faultRetryPause lets the backend notice the loss before the next try.
 const faultRetryPause = 50 * time.Millisecond
 
-// guardedInfer is infer with memory faults turned into errBackendFault.
-// The call writes its inputs into, and reads its scores from, memory the
-// backend may share with other processes (the mesh's segment); if someone
-// truncates that under us, the access faults, and the process must not die
-// of it.
+// guardedInfer is infer under the backend's MemoryGuard, if it has one:
+// the call writes its inputs into, and reads its scores from, memory the
+// backend may share with other processes.
 func (s *service) guardedInfer(ctx context.Context, req *inference.ModelInferRequest, t *callTimes) (resp *inference.ModelInferResponse, n int, err error) {
-	if ferr := shm.GuardFaults(func() error { resp, n, err = s.infer(ctx, req, t); return nil }); ferr != nil {
-		return nil, n, fmt.Errorf("%w: %v", errBackendFault, ferr)
+	g, ok := s.backend.(MemoryGuard)
+	if !ok {
+		return s.infer(ctx, req, t)
+	}
+	if ferr := g.Guard(func() error { resp, n, err = s.infer(ctx, req, t); return nil }); ferr != nil {
+		return nil, n, ferr
 	}
 	return resp, n, err
 }

@@ -26,8 +26,11 @@
 // The handle types follow the roles: a frontend uses [Lane]; the embedder
 // (the segment owner) uses [RequestReader], [BatchWriter] and
 // [Segment.ReclaimLanes]; the accelerator uses [BatchReader] and
-// [CompletionWriter]. A handle is not safe for concurrent use: its owner
-// serialises calls, because a ring side is single-threaded by design.
+// [CompletionWriter]. The ring sides are single-threaded by design, so the
+// reader and writer handles are not safe for concurrent use: their owner
+// serialises calls. [Lane] is the one exception: its calls take a mutex,
+// so a frontend's calls may claim, commit and free slots from many
+// goroutines, while one goroutine alone waits for completions.
 //
 // The accelerator is the only writer of completions. When the embedder
 // drops a request (cancelled, expired, invalid), it still carries it in a

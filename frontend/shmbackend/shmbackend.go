@@ -622,6 +622,17 @@ func (b *Backend) Acquire(ctx context.Context, n int) (frontend.Slot, error) {
 	}
 }
 
+// Guard runs fn so that a fault on a segment's mapping (the file truncated
+// under it) comes back as an error wrapping frontend.ErrMemoryLost.
+func (b *Backend) Guard(fn func() error) error {
+	if err := shm.GuardFaults(fn); err != nil {
+		return fmt.Errorf("shmbackend: %w: %v", frontend.ErrMemoryLost, err)
+	}
+	return nil
+}
+
+var _ frontend.MemoryGuard = (*Backend)(nil)
+
 // Close stops the manager, which closes every attachment: their lanes are
 // given back and their segments unmapped when Close returns.
 func (b *Backend) Close() error {
