@@ -10,18 +10,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sys/unix"
 
-	"github.com/recmesh/recmesh/embedder/batch"
 	"github.com/recmesh/recmesh/embedder/lookup"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/shm"
@@ -42,100 +37,6 @@ const (
 	regenerateMaxBackoff = 5 * time.Second
 	regenerateReset      = 30 * time.Second
 )
-
-// Options configure an Embedder. Zero fields take the defaults.
-type Options struct {
-	// Bundle is the model bundle directory.
-	Bundle string
-	// ShmDir and Segment name the segment file (default /dev/shm/recmesh).
-	ShmDir, Segment string
-	// SegmentMode is the segment socket's permission: 0600 (default), or
-	// 0660 to admit frontends running as other users in this process's
-	// group (docs/security.md).
-	SegmentMode os.FileMode
-	// Lanes is how many frontends can attach at once. Default 16.
-	Lanes int
-	// LanesPerFrontend is the most lanes one frontend process may hold.
-	// Default shm.DefaultMaxLanesPerPeer (1).
-	LanesPerFrontend int
-	// AcceleratorKey, when set, is the secret the accelerator must present
-	// to attach (shm.Options.AcceleratorKey).
-	AcceleratorKey []byte
-	// Batching: mode, max examples per batch (default 4096), the Full
-	// mode window (default 1 ms) and SLO mode's end-to-end latency target
-	// (default 20 ms).
-	Mode          batch.Mode
-	MaxBatch      int
-	Window        time.Duration
-	LatencyTarget time.Duration
-	// SLOBatchBytes bounds what SLO mode merges into one batch: the
-	// largest power-of-two batch whose staged rows (pooled embeddings and
-	// dense features) fit in it. Default DefaultSLOBatchBytes.
-	SLOBatchBytes int64
-	// Workers is the number of lookup goroutines. Default GOMAXPROCS.
-	Workers int
-	// Staging is the number of staging buffers: the batches in flight to
-	// the accelerator. Default 2 (one filling while one executes).
-	Staging int
-	// LazySegment leaves the segment's memory to be allocated on first
-	// touch instead of reserving it all when a generation is created; a
-	// full shared-memory directory then surfaces as SIGBUS mid-serve.
-	LazySegment bool
-	// Log and Registry; defaults discard logs and use a private registry.
-	Log      *slog.Logger
-	Registry prometheus.Registerer
-	// Tracer records the lookup span of each batch (linked to every request
-	// it carries) and a queue-wait span inside each sampled request's trace.
-	// Nil or a no-op provider: no tracing work at all.
-	Tracer trace.TracerProvider
-	// OnGeneration is called each time a new segment generation is ready
-	// (the control plane announces it).
-	OnGeneration func(Generation)
-}
-
-// Generation describes a segment the embedder serves.
-type Generation struct {
-	Path       string
-	Generation uint64
-	ModelID    string
-}
-
-func (o Options) withDefaults() Options {
-	if o.ShmDir == "" {
-		o.ShmDir = shm.DefaultDir
-	}
-	if o.Segment == "" {
-		o.Segment = DefaultSegment
-	}
-	if o.Lanes <= 0 {
-		o.Lanes = DefaultLanes
-	}
-	if o.MaxBatch <= 0 {
-		o.MaxBatch = batch.DefaultMaxBatch
-	}
-	if o.Window <= 0 {
-		o.Window = batch.DefaultWindow
-	}
-	if o.LatencyTarget <= 0 {
-		o.LatencyTarget = batch.DefaultLatencyTarget
-	}
-	if o.SLOBatchBytes <= 0 {
-		o.SLOBatchBytes = DefaultSLOBatchBytes
-	}
-	if o.Workers <= 0 {
-		o.Workers = runtime.GOMAXPROCS(0)
-	}
-	if o.Staging <= 0 {
-		o.Staging = DefaultStaging
-	}
-	if o.Log == nil {
-		o.Log = slog.New(slog.DiscardHandler)
-	}
-	if o.Registry == nil {
-		o.Registry = prometheus.NewRegistry()
-	}
-	return o
-}
 
 // Embedder serves one model's tables to the mesh.
 type Embedder struct {
@@ -170,11 +71,8 @@ type loadRequest struct {
 // New loads the tables; Run serves them.
 func New(opts Options) (*Embedder, error) {
 	opts = opts.withDefaults()
-	if opts.Bundle == "" {
-		return nil, errors.New("embedder: no bundle directory (set --bundle)")
-	}
-	if opts.MaxBatch > model.MaxBatchLimit {
-		return nil, fmt.Errorf("embedder: max batch %d above %d (change --max-batch)", opts.MaxBatch, model.MaxBatchLimit)
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
 	e := &Embedder{opts: opts, m: newMetrics(opts.Registry), log: opts.Log, loads: make(chan loadRequest), stopped: make(chan struct{})}
 	store, err := e.loadStore(opts.Bundle)

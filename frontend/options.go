@@ -36,7 +36,7 @@ const (
 	DefaultModelVersion = "1"
 	// DefaultMaxBatch is the most examples one request may carry, the
 	// largest batch bucket of the accelerator.
-	DefaultMaxBatch = 4096
+	DefaultMaxBatch = model.DefaultMaxBatch
 	// MaxMaxBatch bounds Options.MaxBatch so that the largest request stays
 	// far below gRPC's 2 GiB message limit.
 	MaxMaxBatch = model.MaxBatchLimit
@@ -52,7 +52,7 @@ const (
 	// DefaultLatencyTarget is the end-to-end budget a ModelInfer call is
 	// counted against (recmesh_frontend_budget_misses_total); the mesh's
 	// SLO batching keeps the same default.
-	DefaultLatencyTarget = 20 * time.Millisecond
+	DefaultLatencyTarget = model.DefaultLatencyTarget
 	// DefaultReadyPollInterval is how often Backend.Ready is polled to update
 	// the health service.
 	DefaultReadyPollInterval = 100 * time.Millisecond

@@ -7,6 +7,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // The input layout every recmesh process is written for: the MLPerf DLRMv2
@@ -36,7 +37,19 @@ const (
 	// then stays far below gRPC's 2 GiB message limit, and the largest
 	// batch bucket within what a staging buffer is sized for.
 	MaxBatchLimit = 1 << 16
+	// DefaultMaxBatch is every process's default --max-batch: the most
+	// examples one request or batch carries, the largest batch bucket.
+	DefaultMaxBatch = 4096
+	// DefaultDevBundle is where `make run` exports the DevVocabCap bundle,
+	// and every command's default --bundle.
+	DefaultDevBundle = "data/dlrm-cap1000"
 )
+
+// DefaultLatencyTarget is the mesh's end-to-end budget per call: SLO
+// batching sizes batches and sheds load for it, frontends count misses of
+// it (MLPerf's server scenario for DLRMv2 allows 60 ms at p99; the
+// published benchmark this mesh is measured against used 20 ms).
+const DefaultLatencyTarget = 20 * time.Millisecond
 
 // Bounds Validate puts on the dense network, so a mistyped config.json is
 // refused rather than allocating gigabytes.

@@ -25,7 +25,7 @@ import (
 )
 
 // DefaultMaxBatch is the largest bucket compiled by default.
-const DefaultMaxBatch = 4096
+const DefaultMaxBatch = model.DefaultMaxBatch
 
 // Options configure an Executor. The zero value of every field means its
 // default.

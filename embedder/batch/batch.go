@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/recmesh/recmesh/model"
 )
 
 // Mode is a batching mode, as serving engineers know them.
@@ -107,10 +109,10 @@ func (m Mode) FollowsFeedback() bool { return m == SLO }
 
 // Defaults.
 const (
-	DefaultMaxBatch = 4096
+	DefaultMaxBatch = model.DefaultMaxBatch
 	DefaultWindow   = time.Millisecond
 	// DefaultLatencyTarget is the end-to-end p99 budget SLO mode keeps.
-	DefaultLatencyTarget = 20 * time.Millisecond
+	DefaultLatencyTarget = model.DefaultLatencyTarget
 	// DefaultOverloadWindow is how long predicted misses must last before
 	// SLO mode sheds: CoDel's interval, long enough that scheduling noise
 	// and a burst are served late rather than refused.

@@ -53,7 +53,7 @@ type commonFlags struct {
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "model bundle directory")
+	fs.StringVar(&c.bundle, "bundle", model.DefaultDevBundle, "model bundle directory")
 	c.deviceFlags.register(fs)
 	fs.IntVar(&c.maxBatch, "max-batch", executor.DefaultMaxBatch, "largest batch bucket")
 	fs.StringVar(&c.program, "program", "default", "StableHLO formulation: default, or plain (the model's math\n"+

@@ -19,7 +19,7 @@ import (
 const (
 	defaultExportMaxVocab = model.DevVocabCap
 	defaultExportSeed     = 1
-	defaultExportOut      = "data/dlrm-cap1000"
+	defaultExportOut      = model.DefaultDevBundle
 	defaultExportPreset   = model.PresetMLPerf
 )
 

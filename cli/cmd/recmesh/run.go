@@ -41,13 +41,13 @@ const progressEvery = 10 * time.Second
 
 func runMesh(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	bundle := fs.String("bundle", "data/dlrm-cap1000", "model bundle `dir`")
+	bundle := fs.String("bundle", model.DefaultDevBundle, "model bundle `dir`")
 	frontends := fs.Int("frontends", 2, "frontend processes sharing the gRPC port")
 	port := fs.Int("port", 8001, "gRPC port of the frontends")
 	binDir := fs.String("bin-dir", "", "`dir` holding the embedder, accelerator and frontend binaries (default: beside recmesh)")
 	segment := fs.String("segment", "recmesh", "shared-memory segment name")
 	mode := fs.String("batch-mode", "slo", "embedder batching: slo, none, model or full (see embedder -h)")
-	target := fs.Duration("latency-target", 20*time.Millisecond, "end-to-end p99 budget: slo batching sizes batches and sheds load for it, frontends count misses of it")
+	target := fs.Duration("latency-target", model.DefaultLatencyTarget, "end-to-end p99 budget: slo batching sizes batches and sheds load for it, frontends count misses of it")
 	natsURL := fs.String("nats-url", "", "NATS server (env NATS_URL); empty starts an embedded one")
 	if err := parseFlags(fs, args, e); err != nil {
 		return err

@@ -59,10 +59,17 @@ func main() {
 	}
 }
 
+// optionFlags names the flag behind each embedder.Options field that
+// Options validates.
+var optionFlags = map[string]string{
+	"Bundle": "bundle", "Lanes": "lanes", "LanesPerFrontend": "lanes-per-frontend", "MaxBatch": "max-batch",
+	"Window": "batch-window", "LatencyTarget": "latency-target", "SLOBatchBytes": "slo-batch-mib",
+}
+
 func run(args []string) error {
 	fs := flag.NewFlagSet("embedder", flag.ContinueOnError)
 	var (
-		bundle      = fs.String("bundle", "data/dlrm-cap1000", "model bundle directory (until a rollout records another in the model root)")
+		bundle      = fs.String("bundle", model.DefaultDevBundle, "model bundle directory (until a rollout records another in the model root)")
 		modelRoot   = fs.String("model-root", "", "directory rollouts may load bundles from, and where the serving model is recorded (empty: the directory holding --bundle)")
 		shmDir      = fs.String("shm-dir", shm.DefaultDir, "directory of the shared-memory segment (/dev/shm or a hugetlbfs mount); made, writable by this user alone, when it does not exist (its parent must)")
 		segment     = fs.String("segment", embedder.DefaultSegment, "segment file name")
@@ -100,26 +107,11 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--batch-mode: %w", err)
 	}
-	if *maxBatch < 1 || *maxBatch > 1<<16 {
-		return fmt.Errorf("--max-batch %d: want 1..65536", *maxBatch)
-	}
-	if *lanes < 1 || *lanes > 1024 {
-		return fmt.Errorf("--lanes %d: want 1..1024", *lanes)
-	}
-	if *lanesPerFE < 1 || *lanesPerFE > *lanes {
-		return fmt.Errorf("--lanes-per-frontend %d: want 1..--lanes (%d)", *lanesPerFE, *lanes)
-	}
 	var key []byte
 	if *accelKey != "" {
 		if key, err = shm.AcceleratorKeyFile(*accelKey, true); err != nil {
 			return fmt.Errorf("--accelerator-key-file: %w", err)
 		}
-	}
-	if *window < 0 || *window > time.Second {
-		return fmt.Errorf("--batch-window %v: want 0..1s", *window)
-	}
-	if *target < time.Millisecond || *target > time.Minute {
-		return fmt.Errorf("--latency-target %v: want 1ms..1m", *target)
 	}
 	var sockMode os.FileMode
 	switch *segmentMode {
@@ -129,9 +121,6 @@ func run(args []string) error {
 		sockMode = 0o660
 	default:
 		return fmt.Errorf("--segment-mode %q: want 0600, or 0660 to share the segment with this process's group", *segmentMode)
-	}
-	if *sloBatchMiB < 1 || *sloBatchMiB > 1<<16 {
-		return fmt.Errorf("--slo-batch-mib %d: want 1..65536", *sloBatchMiB)
 	}
 	if *schedBatch {
 		if err := sched.UseBatchScheduling(); err != nil {
@@ -171,11 +160,26 @@ func run(args []string) error {
 	if resumed {
 		tel.Log.Info("serving the rolled-out model recorded in the model root", "bundle", startBundle, "record", filepath.Join(root.Dir(), model.ServingFile), "flag_bundle", *bundle)
 	}
+	// Zero would mean "the default" to embedder.Options: say so instead.
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"lanes", *lanes}, {"lanes-per-frontend", *lanesPerFE}, {"max-batch", *maxBatch}, {"slo-batch-mib", *sloBatchMiB}} {
+		if f.v < 1 {
+			return fmt.Errorf("--%s %d: want at least 1", f.name, f.v)
+		}
+	}
+	if *target == 0 {
+		return fmt.Errorf("--latency-target 0: want at least %v", embedder.MinLatencyTarget)
+	}
 	e, err := embedder.New(embedder.Options{
 		Bundle: startBundle, ShmDir: *shmDir, Segment: *segment, SegmentMode: sockMode, Lanes: *lanes, LanesPerFrontend: *lanesPerFE, AcceleratorKey: key,
 		Mode: m, MaxBatch: *maxBatch, Window: *window, LatencyTarget: *target, SLOBatchBytes: int64(*sloBatchMiB) << 20, Workers: *workers, Staging: *staging, LazySegment: !*reserve,
 		Log: tel.Log, Registry: tel.Registry, OnGeneration: announce, Tracer: tel.Tracer,
 	})
+	if oe := (*embedder.OptionError)(nil); errors.As(err, &oe) {
+		return fmt.Errorf("--%s: %w", optionFlags[oe.Option], oe.Err)
+	}
 	if err != nil {
 		return err
 	}

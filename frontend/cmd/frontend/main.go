@@ -53,7 +53,7 @@ import (
 
 // Defaults that are the command's own; the rest come from package frontend.
 const (
-	defaultBundle  = "data/dlrm-cap1000"
+	defaultBundle  = model.DefaultDevBundle
 	defaultBackend = "shm"
 )
 
