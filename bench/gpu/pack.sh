@@ -32,7 +32,10 @@ trap 'rm -rf "$BUILD"' EXIT
 cd "$ROOT"
 VCS=$([ -d .git ] && echo -buildvcs=true || echo -buildvcs=false)
 CGO_ENABLED=0 go build "$VCS" -trimpath -ldflags='-s -w' -o "$BUILD/bin/" \
-	./cli/cmd/recmesh ./embedder/cmd/embedder ./frontend/cmd/frontend ./bench/cmd/loadgen ./bench/cmd/benchrun
+	./cli/cmd/recmesh ./embedder/cmd/embedder ./frontend/cmd/frontend ./bench/cmd/loadgen
+# benchrun is a module of its own, outside the workspace (see
+# bench/cmd/benchrun/main.go).
+(cd bench/cmd/benchrun && GOWORK=off CGO_ENABLED=0 go build "$VCS" -trimpath -ldflags='-s -w' -o "$BUILD/bin/" .)
 go build "$VCS" -trimpath -ldflags='-s -w' -o "$BUILD/bin/" ./accelerator/cmd/accelerator
 # The accelerator's newest glibc symbol decides which machines it runs on.
 if command -v objdump >/dev/null; then

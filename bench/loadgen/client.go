@@ -49,12 +49,8 @@ func Dial(ctx context.Context, kind, target, modelName string, n int) (Client, e
 	if kind == ClientLean {
 		probes = 1
 	}
-	pool, err := oip.Dial(ctx, target, probes)
+	pool, err := DialReady(ctx, target, modelName, probes)
 	if err != nil {
-		return nil, err
-	}
-	if err := pool.WaitReady(ctx, modelName); err != nil {
-		pool.Close()
 		return nil, err
 	}
 	if kind == ClientGRPC {

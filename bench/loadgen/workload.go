@@ -1,7 +1,10 @@
 package loadgen
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/oip"
@@ -92,4 +95,23 @@ func NewWorkload(cfg model.Config, o WorkloadOptions) (*Workload, error) {
 	}
 	w.RequestBytes = len(w.Requests[0].Bytes)
 	return w, nil
+}
+
+// ReadConfig reads and validates the config.json of the model bundle in
+// dir: all the requests need (the weights are opened only for parity).
+// A failure to read the file wraps its *fs.PathError.
+func ReadConfig(dir string) (model.Config, error) {
+	path := filepath.Join(dir, model.ConfigFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return model.Config{}, fmt.Errorf("model config: %w", err)
+	}
+	var cfg model.Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return model.Config{}, fmt.Errorf("model config %s: %w", path, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return model.Config{}, fmt.Errorf("model config %s: %w", path, err)
+	}
+	return cfg, nil
 }

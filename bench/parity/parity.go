@@ -34,6 +34,20 @@ type Predictor interface {
 	Predict(dense []float32, sparse []int32, n int) ([]float32, error)
 }
 
+// OpenReference opens the bundle in dir and its plain-Go reference, for
+// Check against b.Config; the reference reads b's weights, so close b only
+// after the check.
+func OpenReference(dir string) (b *model.Bundle, ref *model.Reference, err error) {
+	if b, err = model.Open(dir); err != nil {
+		return nil, nil, err
+	}
+	if ref, err = model.NewReference(b); err != nil {
+		b.Close()
+		return nil, nil, err
+	}
+	return b, ref, nil
+}
+
 // Options shape a check; zero values take the defaults.
 type Options struct {
 	ModelName  string

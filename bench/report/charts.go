@@ -4,26 +4,21 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
-	"gonum.org/v1/plot/vg"
 
 	"github.com/recmesh/recmesh/bench/loadgen"
 )
 
-// Chart size: wide enough for a legend beside five arms.
-const (
-	chartWidth  = 7 * vg.Inch
-	chartHeight = 4.5 * vg.Inch
-)
+// Charts draws a workload's charts from its points into dir and returns
+// their file names, relative to dir: per request size, ThroughputChart
+// and LatencyChart. The benchrun command's draws them with gonum/plot,
+// which its own module keeps out of the workspace (bench/cmd/benchrun);
+// nil draws none.
+type Charts func(dir string, points []*loadgen.Point) ([]string, error)
 
 // Chart file names, by request size.
-func throughputChart(b int) string { return fmt.Sprintf("throughput-vs-clients-b%d.svg", b) }
-func latencyChart(b int) string    { return fmt.Sprintf("p99-vs-throughput-b%d.svg", b) }
+func ThroughputChart(b int) string { return fmt.Sprintf("throughput-vs-clients-b%d.svg", b) }
+func LatencyChart(b int) string    { return fmt.Sprintf("p99-vs-throughput-b%d.svg", b) }
 
 // chartTitle is a chart's alt text, from its file name.
 func chartTitle(file string) string {
@@ -36,34 +31,17 @@ func chartTitle(file string) string {
 	return "p99 latency vs throughput, B_req " + b
 }
 
-// WriteCharts draws, per request size, throughput against concurrent
-// clients and p99 against throughput (one line per arm, closed loop), as
-// SVG files in dir. It returns their names, relative to dir.
-func WriteCharts(dir string, points []*loadgen.Point) ([]string, error) {
-	var files []string
-	for _, b := range Batches(points) {
-		p, err := throughputVsClients(points, b)
-		if err != nil {
-			return nil, err
-		}
-		if err := p.Save(chartWidth, chartHeight, filepath.Join(dir, throughputChart(b))); err != nil {
-			return nil, fmt.Errorf("report: save chart: %w", err)
-		}
-		files = append(files, throughputChart(b))
-		p, err = latencyVsThroughput(points, b)
-		if err != nil {
-			return nil, err
-		}
-		if err := p.Save(chartWidth, chartHeight, filepath.Join(dir, latencyChart(b))); err != nil {
-			return nil, fmt.Errorf("report: save chart: %w", err)
-		}
-		files = append(files, latencyChart(b))
+// draw runs charts (when there are any) on dir.
+func (charts Charts) draw(dir string, points []*loadgen.Point) ([]string, error) {
+	if charts == nil {
+		return nil, nil
 	}
-	return files, nil
+	return charts(dir, points)
 }
 
-// series is one arm's closed-loop points at one request size, by C.
-func series(points []*loadgen.Point, arm string, b int) []*loadgen.Point {
+// Series is one arm's closed-loop points at one request size, by C: one
+// line of a chart.
+func Series(points []*loadgen.Point, arm string, b int) []*loadgen.Point {
 	var s []*loadgen.Point
 	for _, p := range points {
 		if p.Arm == arm && p.BatchSize == b && closed(p) && p.Summary.Repeats > 0 {
@@ -72,95 +50,4 @@ func series(points []*loadgen.Point, arm string, b int) []*loadgen.Point {
 	}
 	slices.SortFunc(s, func(x, y *loadgen.Point) int { return x.Concurrency - y.Concurrency })
 	return s
-}
-
-func addArm(p *plot.Plot, i int, name string, xys plotter.XYs) error {
-	if len(xys) == 0 {
-		return nil
-	}
-	line, pts, err := plotter.NewLinePoints(xys)
-	if err != nil {
-		return fmt.Errorf("report: chart %s: %w", name, err)
-	}
-	line.Color = plotutil.Color(i)
-	line.Width = vg.Points(1.5)
-	pts.Color = plotutil.Color(i)
-	pts.Shape = plotutil.Shape(i)
-	p.Add(line, pts)
-	p.Legend.Add(name, line, pts)
-	return nil
-}
-
-func newPlot(title string) *plot.Plot {
-	p := plot.New()
-	p.Title.Text = title
-	p.Legend.Top = true
-	p.Legend.Left = true
-	p.Add(plotter.NewGrid())
-	return p
-}
-
-func throughputVsClients(points []*loadgen.Point, b int) (*plot.Plot, error) {
-	p := newPlot(fmt.Sprintf("Closed-loop throughput, B_req = %d", b))
-	p.X.Label.Text = "concurrent clients (C)"
-	p.Y.Label.Text = "examples/s (median of repeats)"
-	// C doubles or quadruples per step: a log axis with a tick at each
-	// measured C reads best.
-	p.X.Scale = plot.LogScale{}
-	var ticks []plot.Tick
-	for _, c := range Clients(points) {
-		ticks = append(ticks, plot.Tick{Value: float64(c), Label: strconv.Itoa(c)})
-	}
-	p.X.Tick.Marker = plot.ConstantTicks(ticks)
-	// Fixed ranges: a log axis whose data span one value would otherwise
-	// be padded down to 0, which it cannot show.
-	if cs := Clients(points); len(cs) > 0 {
-		p.X.Min, p.X.Max = float64(cs[0])/1.25, float64(cs[len(cs)-1])*1.25
-	}
-	p.Y.Min = 0
-	for i, arm := range ArmNames(points) {
-		var xys plotter.XYs
-		for _, pt := range series(points, arm, b) {
-			xys = append(xys, plotter.XY{X: float64(pt.Concurrency), Y: pt.Summary.ExamplesPerS})
-		}
-		if err := addArm(p, i, arm, xys); err != nil {
-			return nil, err
-		}
-	}
-	return p, nil
-}
-
-func latencyVsThroughput(points []*loadgen.Point, b int) (*plot.Plot, error) {
-	p := newPlot(fmt.Sprintf("p99 latency vs throughput, B_req = %d (lower right is better)", b))
-	p.X.Label.Text = "examples/s (median of repeats)"
-	p.Y.Label.Text = "p99 latency, ms (log)"
-	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.X.Min = 0
-	maxX, minY, maxY := 0.0, float64(HeadlineBudgetMs), float64(HeadlineBudgetMs)
-	for i, arm := range ArmNames(points) {
-		var xys plotter.XYs
-		for _, pt := range series(points, arm, b) {
-			// A log axis cannot show 0; a p99 that rounds to 0 is below
-			// the histogram's resolution anyway.
-			xys = append(xys, plotter.XY{X: pt.Summary.ExamplesPerS, Y: max(pt.Summary.P99Ms, 0.01)})
-			maxX = max(maxX, pt.Summary.ExamplesPerS)
-			minY, maxY = min(minY, max(pt.Summary.P99Ms, 0.01)), max(maxY, pt.Summary.P99Ms)
-		}
-		if err := addArm(p, i, arm, xys); err != nil {
-			return nil, err
-		}
-	}
-	p.Y.Min, p.Y.Max = minY/1.5, maxY*1.5
-	// The headline budget as a dashed line.
-	if maxX > 0 {
-		budget, err := plotter.NewLine(plotter.XYs{{X: 0, Y: HeadlineBudgetMs}, {X: maxX, Y: HeadlineBudgetMs}})
-		if err != nil {
-			return nil, fmt.Errorf("report: chart budget line: %w", err)
-		}
-		budget.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-		p.Add(budget)
-		p.Legend.Add(fmt.Sprintf("p99 = %d ms", HeadlineBudgetMs), budget)
-	}
-	return p, nil
 }

@@ -15,14 +15,14 @@ import (
 // ReportFile is the report's name inside the results directory.
 const ReportFile = "REPORT.md"
 
-// Write renders REPORT.md and its SVG charts into dir (the results
-// directory, which the charts' relative links assume).
-func Write(dir string, r *Run) error {
-	charts, err := WriteCharts(dir, r.Points)
+// Write renders REPORT.md and its charts (drawn by charts) into dir (the
+// results directory, which the charts' relative links assume).
+func Write(dir string, r *Run, charts Charts) error {
+	files, err := charts.draw(dir, r.Points)
 	if err != nil {
 		return err
 	}
-	md := Markdown(r, charts)
+	md := Markdown(r, files)
 	if err := os.WriteFile(filepath.Join(dir, ReportFile), []byte(md), 0o644); err != nil {
 		return fmt.Errorf("report: %w", err)
 	}

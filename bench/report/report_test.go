@@ -188,7 +188,7 @@ func TestWriteReportAndCharts(t *testing.T) {
 	if len(loaded.Points) != len(r.Points) {
 		t.Fatalf("loaded %d points, want %d", len(loaded.Points), len(r.Points))
 	}
-	if err := Write(dir, loaded); err != nil {
+	if err := Write(dir, loaded, placeholderCharts); err != nil {
 		t.Fatal(err)
 	}
 	md, err := os.ReadFile(filepath.Join(dir, ReportFile))
@@ -222,13 +222,40 @@ func TestWriteReportAndCharts(t *testing.T) {
 		t.Logf("REPORT.md:\n%s", md)
 	}
 	for _, f := range []string{"throughput-vs-clients-b1.svg", "throughput-vs-clients-b16.svg", "p99-vs-throughput-b1.svg", "p99-vs-throughput-b16.svg"} {
-		b, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			t.Fatal(err)
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
 		}
-		if len(b) < 1000 || !strings.Contains(string(b), "<svg") || !strings.Contains(string(b), "</svg>") {
-			t.Errorf("%s: %d bytes, not a complete SVG", f, len(b))
+	}
+}
+
+// placeholderCharts stands in for the benchrun command's charts (drawn
+// with gonum/plot in its own module, and tested there): a placeholder
+// file for each chart, under the names the report links to.
+func placeholderCharts(dir string, points []*loadgen.Point) ([]string, error) {
+	var files []string
+	for _, b := range Batches(points) {
+		for _, f := range []string{ThroughputChart(b), LatencyChart(b)} {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte("<svg/>\n"), 0o644); err != nil {
+				return nil, err
+			}
+			files = append(files, f)
 		}
+	}
+	return files, nil
+}
+
+// TestWithoutCharts: nil Charts draws none, and the report links none.
+func TestWithoutCharts(t *testing.T) {
+	dir := t.TempDir()
+	if err := Write(dir, &Run{Points: synthetic()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, ReportFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(md), "Charts") || strings.Contains(string(md), ".svg") {
+		t.Errorf("REPORT.md links charts that were never drawn:\n%s", md)
 	}
 }
 

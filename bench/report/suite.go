@@ -63,20 +63,20 @@ func LoadSuite(dir string) ([]*Run, error) {
 	return runs, nil
 }
 
-// WriteSuite renders every workload's charts into its subdirectory and
-// one REPORT.md for all of them into dir.
-func WriteSuite(dir string, runs []*Run) error {
-	charts := map[string][]string{}
+// WriteSuite renders every workload's charts (drawn by charts) into its
+// subdirectory and one REPORT.md for all of them into dir.
+func WriteSuite(dir string, runs []*Run, charts Charts) error {
+	links := map[string][]string{}
 	for _, r := range runs {
-		files, err := WriteCharts(filepath.Join(dir, r.Workload), r.Points)
+		files, err := charts.draw(filepath.Join(dir, r.Workload), r.Points)
 		if err != nil {
 			return err
 		}
 		for _, f := range files {
-			charts[r.Workload] = append(charts[r.Workload], r.Workload+"/"+f)
+			links[r.Workload] = append(links[r.Workload], r.Workload+"/"+f)
 		}
 	}
-	md := SuiteMarkdown(runs, charts)
+	md := SuiteMarkdown(runs, links)
 	if err := os.WriteFile(filepath.Join(dir, ReportFile), []byte(md), 0o644); err != nil {
 		return fmt.Errorf("report: %w", err)
 	}

@@ -143,7 +143,7 @@ func TestSuite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteSuite(dir, runs); err != nil {
+	if err := WriteSuite(dir, runs, placeholderCharts); err != nil {
 		t.Fatal(err)
 	}
 	md, err := os.ReadFile(filepath.Join(dir, ReportFile))

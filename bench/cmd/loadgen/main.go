@@ -25,20 +25,16 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/recmesh/recmesh/bench/cpuset"
+	"github.com/recmesh/recmesh/bench/internal/command"
 	"github.com/recmesh/recmesh/bench/loadgen"
 	"github.com/recmesh/recmesh/bench/monitor"
 	"github.com/recmesh/recmesh/bench/parity"
@@ -47,19 +43,7 @@ import (
 	"github.com/recmesh/recmesh/proto/oip"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	switch {
-	case err == nil:
-	case errors.Is(err, flag.ErrHelp):
-		os.Exit(2)
-	default:
-		fmt.Fprintln(os.Stderr, "loadgen:", err)
-		os.Exit(1)
-	}
-}
+func main() { command.Main("loadgen", run) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd := "run"
@@ -92,7 +76,7 @@ type common struct {
 func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.target, "target", "127.0.0.1:8001", "server address `host:port`")
 	fs.StringVar(&c.modelName, "model", oip.DefaultModelName, "model name")
-	fs.StringVar(&c.bundle, "bundle", "data/dlrm-cap1000", "bundle `dir` whose config.json gives the vocabulary sizes (parity also reads its weights)")
+	fs.StringVar(&c.bundle, "bundle", model.DefaultDevBundle, "bundle `dir` whose config.json gives the vocabulary sizes (parity also reads its weights)")
 	fs.StringVar(&c.sparseType, "sparse-dtype", oip.TypeINT32, "datatype of the ids: INT32 or INT64")
 	fs.StringVar(&c.cpus, "cpus", "", "pin the whole process to this CPU `list` (for example 8-23) before starting")
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 2*time.Minute, "how long to wait for ServerReady and ModelReady on every connection")
@@ -120,17 +104,9 @@ func (c *common) config() (model.Config, string, error) {
 	if c.maxVocab > 0 {
 		return model.DLRMv2(c.maxVocab), fmt.Sprintf("max-vocab=%d", c.maxVocab), nil
 	}
-	path := filepath.Join(c.bundle, model.ConfigFile)
-	b, err := os.ReadFile(path)
+	cfg, err := loadgen.ReadConfig(c.bundle)
 	if err != nil {
-		return model.Config{}, "", fmt.Errorf("model config: %w", err)
-	}
-	var cfg model.Config
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		return model.Config{}, "", fmt.Errorf("model config %s: %w", path, err)
-	}
-	if err := cfg.Validate(); err != nil {
-		return model.Config{}, "", fmt.Errorf("model config %s: %w", path, err)
+		return model.Config{}, "", err
 	}
 	return cfg, c.bundle, nil
 }
@@ -138,15 +114,7 @@ func (c *common) config() (model.Config, string, error) {
 func dial(ctx context.Context, c *common, conns int) (*oip.Pool, error) {
 	rctx, cancel := context.WithTimeout(ctx, c.readyTimeout)
 	defer cancel()
-	pool, err := oip.Dial(rctx, c.target, conns)
-	if err != nil {
-		return nil, err
-	}
-	if err := pool.WaitReady(rctx, c.modelName); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return pool, nil
+	return loadgen.DialReady(rctx, c.target, c.modelName, conns)
 }
 
 func usage(fs *flag.FlagSet, head string) {
@@ -267,26 +235,17 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	defer conns.Close()
 
-	host, _ := os.Hostname()
-	p := &loadgen.Point{
-		Schema: loadgen.PointSchema, Arm: arm, Label: label,
-		Target: c.target, Model: c.modelName, Mode: m, BatchSize: batch,
-		Connections: connections, WarmupS: warmup.Seconds(), DurationS: duration.Seconds(), TimeoutS: timeout.Seconds(), Repeats: repeats,
-		PoolRequests: len(w.Requests), RequestBytes: w.RequestBytes, SparseType: w.SparseType, Seed: seed, Bundle: source,
-		Client: conns.Kind(), ClientCPUs: pinned, GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), Host: host, StartedAt: time.Now().UTC(),
-		MonitorPIDs: pids,
+	rc := loadgen.Config{
+		Mode: m, Concurrency: concurrency, Rate: rate, MaxOutstanding: maxOutstanding,
+		Warmup: warmup, Duration: duration, Timeout: timeout,
 	}
-	if m == loadgen.Closed {
-		p.Concurrency = concurrency
-	} else {
-		p.RateRPS, p.MaxOutstanding = rate, maxOutstanding
-	}
+	p := loadgen.NewPoint(conns, w, rc, repeats)
+	p.Arm, p.Label, p.Target, p.Model = arm, label, c.target, c.modelName
+	p.Seed, p.Bundle, p.ClientCPUs, p.MonitorPIDs = seed, source, pinned, pids
+	watch := loadgen.Watch{PIDs: pids, Descendants: monDescendants, Interval: monInterval, StallCPUs: stallCPUs, MemoryProbeMiB: memoryProbeMiB}
 	for i := range repeats {
-		rc := loadgen.Config{
-			Mode: m, Concurrency: concurrency, Rate: rate, MaxOutstanding: maxOutstanding,
-			Warmup: warmup, Duration: duration, Timeout: timeout, Seed: seed + uint64(i),
-		}
-		rec, err := measure(ctx, conns, w, rc, pids, monDescendants, monInterval, stallCPUs, memoryProbeMiB)
+		rc.Seed = seed + uint64(i)
+		rec, err := loadgen.Measure(ctx, conns, w, rc, watch)
 		if err != nil {
 			return fmt.Errorf("repeat %d: %w", i+1, err)
 		}
@@ -305,57 +264,6 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "wrote %s\n", out)
 	}
 	return nil
-}
-
-// measure runs one repeat, with the monitor (when there are pids) and a
-// stall probe per CPU of stallCPUs (the last with the memory probe, when
-// memoryMiB > 0) over the measured window.
-func measure(ctx context.Context, conns loadgen.Client, w *loadgen.Workload, rc loadgen.Config,
-	pids []int, descendants bool, interval time.Duration, stallCPUs []int, memoryMiB int) (loadgen.RunRecord, error) {
-	var (
-		mon      *monitor.Monitor
-		rep      *monitor.Report
-		monErr   error
-		stalls   []*stall.Report
-		stallErr error
-	)
-	// The probes are set up before the warm-up, so that they watch from
-	// the window's first instant. A cancelled run never reaches
-	// WindowEnd; they end anyway.
-	probes, err := stall.StartProbes(stallCPUs, memoryMiB)
-	if err != nil {
-		return loadgen.RunRecord{}, fmt.Errorf("stall probe: %w", err)
-	}
-	defer func() { _, _ = probes.Stop() }()
-	var hooks loadgen.Hooks
-	hooks.WindowStart = func() {
-		stallErr = probes.Begin()
-		if len(pids) > 0 {
-			mon, monErr = monitor.Start(monitor.Options{PIDs: pids, Descendants: descendants, Interval: interval})
-		}
-	}
-	hooks.WindowEnd = func() {
-		if mon != nil {
-			rep, monErr = mon.Stop()
-		}
-		if stallErr == nil {
-			stalls, stallErr = probes.Stop()
-		}
-	}
-	res, err := loadgen.Run(ctx, conns, w, rc, hooks)
-	if err != nil {
-		return loadgen.RunRecord{}, err
-	}
-	if monErr != nil {
-		return loadgen.RunRecord{}, fmt.Errorf("monitor: %w", monErr)
-	}
-	if stallErr != nil {
-		return loadgen.RunRecord{}, fmt.Errorf("stall probe: %w", stallErr)
-	}
-	if rep != nil {
-		rep.SetExamples(res.CompletedInWindow * int64(w.BatchSize))
-	}
-	return loadgen.RunRecord{Result: res, Monitor: rep, Stalls: stalls}, nil
 }
 
 func describe(p *loadgen.Point, r loadgen.RunRecord) string {
@@ -431,15 +339,11 @@ func runParity(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		batchSizes = append(batchSizes, n)
 	}
-	b, err := model.Open(c.bundle)
+	b, ref, err := parity.OpenReference(c.bundle)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	ref, err := model.NewReference(b)
-	if err != nil {
-		return err
-	}
 	conns, err := dial(ctx, &c, 1)
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package main
+package benchrun
 
 import (
 	"context"
@@ -21,10 +21,10 @@ import (
 )
 
 // TestMain lets the test binary stand in for benchrun where benchrun runs
-// itself: measure starts `<its executable> stall-probe` per watched CPU.
+// itself: loadgen.Measure starts `<its executable> stall-probe` per watched CPU.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == stall.ProbeCommand {
-		if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if err := Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr, nil); err != nil {
 			fmt.Fprintln(os.Stderr, "benchrun:", err)
 			os.Exit(1)
 		}
@@ -75,7 +75,7 @@ func TestMeasureWatchesStalls(t *testing.T) {
 	ctx := context.Background()
 	srv, pool, w, cpu := pointFixture(t, 2)
 	var out strings.Builder
-	c := &config{out: &out, stallCPUs: []int{cpu}}
+	c := &config{out: &out, stalls: stallConfig{cpus: []int{cpu}}}
 	rc := loadgen.Config{Mode: loadgen.Closed, Concurrency: 2, Warmup: 50 * time.Millisecond, Duration: 300 * time.Millisecond, Timeout: 5 * time.Second}
 	p, err := c.point(ctx, "test-arm", report.LabelClosed, &server{addr: srv.Addr, pid: os.Getpid()}, pool, w, rc, 2)
 	if err != nil {
@@ -119,11 +119,11 @@ func TestLists(t *testing.T) {
 }
 
 func TestWarmMax(t *testing.T) {
-	c := &config{batches: []int{1, 16, 200}, memBatch: 16}
+	c := &config{load: loadConfig{batches: []int{1, 16, 200}}, memory: memoryConfig{batch: 16}}
 	if got := c.warmMax(); got != 256 {
 		t.Errorf("warmMax = %d, want 256", got)
 	}
-	c.batches = []int{1}
+	c.load.batches = []int{1}
 	if got := c.warmMax(); got != 128 { // parity sends 128
 		t.Errorf("warmMax = %d, want 128", got)
 	}
@@ -169,7 +169,7 @@ func TestFlagErrors(t *testing.T) {
 		{"-frontends", "-1", "-client-cpus", "", "-server-cpus", ""},
 		{"-py-processes", "-2", "-client-cpus", "", "-server-cpus", ""},
 	} {
-		err := run(context.Background(), args, io.Discard, io.Discard)
+		err := Run(context.Background(), args, io.Discard, io.Discard, nil)
 		if err == nil || strings.Contains(err.Error(), "model config") {
 			t.Errorf("run(%q) = %v, want a flag error", args, err)
 		}
@@ -191,7 +191,7 @@ func TestPinPrefixSchedulingPolicy(t *testing.T) {
 		{"batch", false, false},
 		{"other", true, false},
 	} {
-		c := &config{serverSched: tc.sched}
+		c := &config{server: serverConfig{sched: tc.sched}}
 		prefix, err := c.pinPrefix(tc.python)
 		if err != nil {
 			t.Fatal(err)
@@ -266,7 +266,7 @@ func TestPointSetsAsideStalledRepeats(t *testing.T) {
 	ctx := context.Background()
 	srv, pool, w, cpu := pointFixture(t, 1)
 	var out strings.Builder
-	c := &config{out: &out, stallCPUs: []int{cpu}, stallRemeasure: time.Nanosecond}
+	c := &config{out: &out, stalls: stallConfig{cpus: []int{cpu}, remeasure: time.Nanosecond}}
 	rc := loadgen.Config{Mode: loadgen.Closed, Concurrency: 1, Warmup: 20 * time.Millisecond, Duration: 100 * time.Millisecond, Timeout: 5 * time.Second}
 	p, err := c.point(ctx, "test-arm", report.LabelClosed, &server{addr: srv.Addr, pid: os.Getpid()}, pool, w, rc, 1)
 	if err != nil {
@@ -281,7 +281,7 @@ func TestPointSetsAsideStalledRepeats(t *testing.T) {
 
 	// Off: nothing is set aside, whatever the stalls.
 	out.Reset()
-	c.stallRemeasure = 0
+	c.stalls.remeasure = 0
 	if p, err = c.point(ctx, "test-arm", report.LabelClosed, &server{addr: srv.Addr, pid: os.Getpid()}, pool, w, rc, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ func TestPerCPU(t *testing.T) {
 }
 
 func TestDetailCounts(t *testing.T) {
-	c := &config{frontends: 1, pyProcesses: 2, pyWorkers: 8}
+	c := &config{server: serverConfig{frontends: 1, pyProcesses: 2, pyWorkers: 8}}
 	mesh, err := parseArm("recmesh-slo")
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package benchrun
 
 import (
 	"bufio"
@@ -27,9 +27,9 @@ func environment(c *config, cfg model.Config) report.Env {
 		CPUModel:    cpuModel(),
 		CPUs:        runtime.NumCPU(),
 		Kernel:      strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		ServerCPUs:  c.serverCPUs,
-		ServerSched: c.serverSched,
-		ClientCPUs:  c.clientCPUs,
+		ServerCPUs:  c.server.cpus,
+		ServerSched: c.server.sched,
+		ClientCPUs:  c.load.cpus,
 		GoVersion:   runtime.Version(),
 		Versions:    pythonVersions(c),
 		PJRTPlugin:  pjrtPlugin(c.root),
@@ -40,11 +40,11 @@ func environment(c *config, cfg model.Config) report.Env {
 	if kb, ok := meminfo("MemTotal"); ok {
 		e.MemTotalBytes = kb << 10
 	}
-	if runtime.NumCPU() <= 2 && c.serverCPUs != "" && c.clientCPUs != "" {
+	if runtime.NumCPU() <= 2 && c.server.cpus != "" && c.load.cpus != "" {
 		e.Notes = append(e.Notes, fmt.Sprintf("Only %d CPUs: every arm runs on CPU %s and the load generator on CPU %s. "+
 			"The two never compete (the methodology's separate CPU sets), at the price of serving on one core; "+
 			"pass -server-cpus / -client-cpus (BENCH_SERVER_CPUS / BENCH_CLIENT_CPUS) to trade isolation for cores.",
-			runtime.NumCPU(), c.serverCPUs, c.clientCPUs))
+			runtime.NumCPU(), c.server.cpus, c.load.cpus))
 	}
 	if p := os.Getenv("RECMESH_BENCH_JAX_PLATFORM"); p != "" && p != "cpu" {
 		e.Notes = append(e.Notes, fmt.Sprintf("The accelerator runs the dense network through the PJRT plugin %s; the Python arms run jax.jit on JAX's own %s backend. "+

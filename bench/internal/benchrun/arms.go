@@ -1,4 +1,4 @@
-package main
+package benchrun
 
 import (
 	"bufio"
@@ -83,6 +83,48 @@ func (s armSpec) batching() bool { return s.py == "py-batch" || s.py == "py-mp-b
 // server processes (rather than mesh frontends, or nothing for py).
 func (s armSpec) multi() bool { return s.py != "" && pyarm.MultiProcess(s.py) }
 
+// instances is how many frontends (mesh) or processes (py-mp) the arm
+// runs with in the sweep.
+func (c *config) instances(spec armSpec) int {
+	if spec.multi() {
+		return c.server.pyProcesses
+	}
+	return c.server.frontends
+}
+
+// detail describes the arm as started with n instances (0: as in the
+// sweep).
+func (c *config) detail(spec armSpec, n int) string {
+	if spec.mesh {
+		if n == 0 {
+			n = c.server.frontends
+		}
+		return fmt.Sprintf("recmesh run --batch-mode %s, %s (--transport %s)", spec.mode, count(n, "frontend"), spec.transport)
+	}
+	threads := strconv.Itoa(c.server.pyWorkers)
+	if spec.batching() {
+		threads = "256"
+	}
+	if spec.multi() {
+		if n == 0 {
+			n = c.server.pyProcesses
+		}
+		return fmt.Sprintf("server.py --mode %s, %s × %s gRPC threads", spec.py, count(n, "frontend process"), threads)
+	}
+	return fmt.Sprintf("server.py --mode %s, 1 process × %s gRPC threads", spec.py, threads)
+}
+
+// count writes n things, in the plural unless n is 1.
+func count(n int, thing string) string {
+	switch {
+	case n == 1:
+		return "1 " + thing
+	case strings.HasSuffix(thing, "s"):
+		return fmt.Sprintf("%d %ses", n, thing)
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
+
 // pinPrefix is the command an arm runs under to be pinned to the server
 // CPUs and, for the Python arms, put under the server scheduling policy
 // (nil when neither applies). taskset and chrt exec their command, so
@@ -90,14 +132,14 @@ func (s armSpec) multi() bool { return s.py != "" && pyarm.MultiProcess(s.py) }
 // chooses its policy itself (startMesh sets RECMESH_SCHED_BATCH).
 func (c *config) pinPrefix(python bool) ([]string, error) {
 	var prefix []string
-	if c.serverCPUs != "" {
+	if c.server.cpus != "" {
 		path, err := exec.LookPath("taskset")
 		if err != nil {
-			return nil, fmt.Errorf("pinning the server to %s needs taskset (util-linux): %w", c.serverCPUs, err)
+			return nil, fmt.Errorf("pinning the server to %s needs taskset (util-linux): %w", c.server.cpus, err)
 		}
-		prefix = append(prefix, path, "-c", c.serverCPUs)
+		prefix = append(prefix, path, "-c", c.server.cpus)
 	}
-	if python && c.serverSched == "batch" {
+	if python && c.server.sched == "batch" {
 		path, err := exec.LookPath("chrt")
 		if err != nil {
 			return nil, fmt.Errorf("-server-sched batch needs chrt (util-linux): %w", err)
@@ -121,7 +163,7 @@ func (c *config) startArm(ctx context.Context, spec armSpec, n int, logPath stri
 	if err != nil {
 		return nil, fmt.Errorf("arm %s: %w", spec.name, err)
 	}
-	rctx, cancel := context.WithTimeout(ctx, c.readyTimeout)
+	rctx, cancel := context.WithTimeout(ctx, c.server.readyTimeout)
 	defer cancel()
 	var s *server
 	if spec.mesh {
@@ -147,7 +189,7 @@ func (c *config) startPython(ctx context.Context, spec armSpec, n int, prefix []
 		Paths:   c.pyPaths(),
 		Mode:    spec.py,
 		Bundle:  c.bundle,
-		Workers: c.pyWorkers,
+		Workers: c.server.pyWorkers,
 		WarmMax: c.warmMax(),
 		Prefix:  prefix,
 		Log:     log,
@@ -175,7 +217,7 @@ func (c *config) startPython(ctx context.Context, spec armSpec, n int, prefix []
 // two, so no compilation lands in a measured window.
 func (c *config) warmMax() int {
 	m := 128
-	for _, b := range append([]int{c.memBatch}, c.batches...) {
+	for _, b := range append([]int{c.memory.batch}, c.load.batches...) {
 		m = max(m, b)
 	}
 	w := 1
@@ -213,7 +255,7 @@ func (c *config) startMesh(ctx context.Context, spec armSpec, n int, prefix []st
 	// its own free metrics port, so nothing clashes with the fixed
 	// defaults (127.0.0.1:9102, :9103, :9110-9125) of a mesh already running.
 	cmd.Env = append(os.Environ(), "RECMESH_METRICS_ADDR=127.0.0.1:0", "RECMESH_TRANSPORT="+spec.transport,
-		"RECMESH_SCHED_BATCH="+strconv.FormatBool(c.serverSched == "batch"))
+		"RECMESH_SCHED_BATCH="+strconv.FormatBool(c.server.sched == "batch"))
 	// Its own process group, so a stop that has to kill reaches the whole
 	// mesh; and SIGTERM if the runner dies first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}

@@ -1,4 +1,4 @@
-package main
+package benchrun
 
 import (
 	"bufio"
@@ -27,8 +27,8 @@ var denseCostBuckets = []int{1, 16, 128}
 // report then shows the ratio as not measured.
 func (c *config) measureDenseCost(ctx context.Context) *report.DenseCost {
 	cpu := 0
-	if c.serverCPUs != "" {
-		if set, err := cpuset.Parse(c.serverCPUs); err == nil {
+	if c.server.cpus != "" {
+		if set, err := cpuset.Parse(c.server.cpus); err == nil {
 			for i := range 1 << 12 {
 				if set.IsSet(i) {
 					cpu = i
