@@ -29,10 +29,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net"
-	"strconv"
 	"sync"
 	"time"
 
@@ -40,6 +38,8 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/recmesh/recmesh/proto/grpcwire"
 )
 
 // Options configure a connection. Zero fields take the defaults.
@@ -269,7 +269,7 @@ func (c *Conn) Go(method string, msg []byte, timeout time.Duration, done Done) {
 	c.field("te", "trailers")
 	c.field("user-agent", c.opts.UserAgent)
 	if timeout > 0 {
-		c.field("grpc-timeout", encodeTimeout(timeout))
+		c.field("grpc-timeout", grpcwire.EncodeTimeout(timeout))
 	}
 	err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: c.hbuf.Bytes(), EndHeaders: true})
 	if err != nil {
@@ -277,8 +277,8 @@ func (c *Conn) Go(method string, msg []byte, timeout time.Duration, done Done) {
 		c.fail(status.Errorf(codes.Unavailable, "h2client: write headers: %v", err))
 		return
 	}
-	var prefix [5]byte
-	binary.BigEndian.PutUint32(prefix[1:], uint32(len(msg)))
+	var prefix [grpcwire.PrefixLen]byte
+	grpcwire.PutPrefix(prefix[:], false, uint32(len(msg)))
 	c.writeBody(s, prefix[:], msg)
 }
 
@@ -422,22 +422,4 @@ func (c *Conn) fail(err error) {
 		}
 		s.done(nil, err)
 	}
-}
-
-// encodeTimeout writes d as a grpc-timeout value: at most eight digits,
-// in the finest unit that fits, rounded up so the server never sees a
-// shorter deadline than the client keeps.
-func encodeTimeout(d time.Duration) string {
-	const maxDigits = 99999999
-	units := []struct {
-		d time.Duration
-		s string
-	}{{time.Nanosecond, "n"}, {time.Microsecond, "u"}, {time.Millisecond, "m"}, {time.Second, "S"}, {time.Minute, "M"}, {time.Hour, "H"}}
-	for _, u := range units {
-		n := (d + u.d - 1) / u.d
-		if n <= maxDigits {
-			return strconv.FormatInt(int64(n), 10) + u.s
-		}
-	}
-	return strconv.Itoa(maxDigits) + "H"
 }

@@ -355,25 +355,6 @@ func TestDialErrors(t *testing.T) {
 	}
 }
 
-func TestEncodeTimeout(t *testing.T) {
-	for _, tc := range []struct {
-		d    time.Duration
-		want string
-	}{
-		{time.Nanosecond, "1n"},
-		{50 * time.Millisecond, "50000000n"},
-		{99999999 * time.Nanosecond, "99999999n"},
-		{100 * time.Millisecond, "100000u"},
-		{10 * time.Second, "10000000u"},
-		{100*time.Second + time.Nanosecond, "100001m"},
-		{200 * time.Hour, "720000S"},
-	} {
-		if got := encodeTimeout(tc.d); got != tc.want {
-			t.Errorf("encodeTimeout(%v) = %s, want %s", tc.d, got, tc.want)
-		}
-	}
-}
-
 func TestUnframe(t *testing.T) {
 	for _, tc := range []struct {
 		in   []byte

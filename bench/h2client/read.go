@@ -1,17 +1,17 @@
 package h2client
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"strconv"
 	"time"
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/recmesh/recmesh/proto/grpcwire"
 )
 
 // The connection's read side: the reader goroutine, the frames it applies
@@ -89,7 +89,7 @@ func (c *Conn) frame(f http2.Frame) error {
 		}
 	case *http2.RSTStreamFrame:
 		if s := c.end(f.StreamID); s != nil {
-			code := resetCode(f.ErrCode)
+			code := grpcwire.ResetCode(f.ErrCode)
 			if code == codes.Canceled && !s.deadline.IsZero() && !time.Now().Before(s.deadline) {
 				// The server saw the deadline pass first and cancelled the
 				// stream, as grpc-go's client reads it too.
@@ -275,17 +275,17 @@ var probeData = [8]byte{'r', 'e', 'c', 'm', 'e', 's', 'h', 1}
 
 // unframe checks the gRPC length prefix and returns the one message.
 func unframe(b []byte) ([]byte, error) {
-	if len(b) < 5 {
+	if len(b) < grpcwire.PrefixLen {
 		return nil, status.Errorf(codes.Internal, "h2client: response of %d bytes, shorter than a message prefix", len(b))
 	}
-	if b[0] != 0 {
+	compressed, n := grpcwire.ParsePrefix(b)
+	if compressed {
 		return nil, status.Error(codes.Internal, "h2client: compressed response (no compression was asked for)")
 	}
-	n := binary.BigEndian.Uint32(b[1:5])
-	if int64(n) != int64(len(b)-5) {
-		return nil, status.Errorf(codes.Internal, "h2client: response prefix says %d bytes, %d came", n, len(b)-5)
+	if int64(n) != int64(len(b)-grpcwire.PrefixLen) {
+		return nil, status.Errorf(codes.Internal, "h2client: response prefix says %d bytes, %d came", n, len(b)-grpcwire.PrefixLen)
 	}
-	return b[5:], nil
+	return b[grpcwire.PrefixLen:], nil
 }
 
 // grpcStatus reads grpc-status and grpc-message from trailers.
@@ -303,11 +303,7 @@ func grpcStatus(f *http2.MetaHeadersFrame) (codes.Code, string, bool) {
 			}
 			code, has = codes.Code(n), true
 		case "grpc-message":
-			if m, err := url.PathUnescape(hf.Value); err == nil {
-				msg = m
-			} else {
-				msg = hf.Value
-			}
+			msg = grpcwire.DecodeMessage(hf.Value)
 		}
 	}
 	return code, msg, has
@@ -315,33 +311,5 @@ func grpcStatus(f *http2.MetaHeadersFrame) (codes.Code, string, bool) {
 
 // httpStatusError maps a non-200 HTTP status as gRPC's spec does.
 func httpStatusError(code int) error {
-	c := codes.Unknown
-	switch code {
-	case 400:
-		c = codes.Internal
-	case 401:
-		c = codes.Unauthenticated
-	case 403:
-		c = codes.PermissionDenied
-	case 404:
-		c = codes.Unimplemented
-	case 429, 502, 503, 504:
-		c = codes.Unavailable
-	}
-	return status.Errorf(c, "h2client: HTTP status %d", code)
-}
-
-// resetCode maps an RST_STREAM error code as gRPC's spec does.
-func resetCode(e http2.ErrCode) codes.Code {
-	switch e {
-	case http2.ErrCodeRefusedStream:
-		return codes.Unavailable
-	case http2.ErrCodeCancel:
-		return codes.Canceled
-	case http2.ErrCodeEnhanceYourCalm:
-		return codes.ResourceExhausted
-	case http2.ErrCodeInadequateSecurity:
-		return codes.PermissionDenied
-	}
-	return codes.Internal
+	return status.Errorf(grpcwire.HTTPStatusCode(code), "h2client: HTTP status %d", code)
 }

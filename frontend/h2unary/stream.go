@@ -2,7 +2,6 @@ package h2unary
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -13,6 +12,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/recmesh/recmesh/proto/grpcwire"
 )
 
 // stream is one call.
@@ -136,7 +137,7 @@ func (c *conn) onHeaders(f *headerBlock) bool {
 		}
 		v := hf.Value
 		if strings.HasSuffix(hf.Name, "-bin") {
-			if b, err := decodeBinHeader(v); err == nil {
+			if b, err := grpcwire.DecodeBinHeader(v); err == nil {
 				v = string(b)
 			}
 		}
@@ -167,7 +168,7 @@ func (c *conn) onHeaders(f *headerBlock) bool {
 	if len(md) > 0 {
 		ctx = metadata.NewIncomingContext(ctx, md)
 	}
-	d, ok := parseTimeout(timeout)
+	d, ok := grpcwire.ParseTimeout(timeout)
 	if max := c.s.opts.MaxCallTime; max > 0 && (!ok || d > max) {
 		d, ok = max, true
 	}
@@ -329,14 +330,15 @@ const preallocLimit = 64 << 10
 // within MaxRecvMsgSize, and room in the budgets for all of it), and no
 // byte past the message; wmu held.
 func (c *conn) checkMessageLocked(s *stream, data []byte) error {
-	if s.msgLen < 0 && len(s.buf)+len(data) >= 5 {
-		var prefix [5]byte
+	if s.msgLen < 0 && len(s.buf)+len(data) >= grpcwire.PrefixLen {
+		var prefix [grpcwire.PrefixLen]byte
 		k := copy(prefix[:], s.buf)
 		copy(prefix[k:], data)
-		if prefix[0] != 0 {
+		compressed, n := grpcwire.ParsePrefix(prefix[:])
+		if compressed {
 			return status.Error(codes.Unimplemented, "compressed request: this server accepts identity encoding only")
 		}
-		msgLen := int64(binary.BigEndian.Uint32(prefix[1:]))
+		msgLen := int64(n)
 		if limit := c.s.opts.MaxRecvMsgSize; msgLen > int64(limit) {
 			return status.Errorf(codes.ResourceExhausted, "request message of %d bytes is larger than the limit of %d", msgLen, limit)
 		}
@@ -435,7 +437,7 @@ func (c *conn) call(s *stream) {
 		} else if out, err = (proto.MarshalOptions{}).MarshalAppend(make([]byte, 5, 5+proto.Size(pm)), pm); err != nil {
 			err = status.Errorf(codes.Internal, "grpc: error marshalling response: %v", err)
 		} else {
-			binary.BigEndian.PutUint32(out[1:5], uint32(len(out)-5))
+			grpcwire.PutPrefix(out, false, uint32(len(out)-5))
 		}
 	}
 	c.lock()

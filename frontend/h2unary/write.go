@@ -1,16 +1,14 @@
 package h2unary
 
 import (
-	"encoding/base64"
-	"fmt"
 	"slices"
 	"strconv"
-	"strings"
-	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
+
+	"github.com/recmesh/recmesh/proto/grpcwire"
 )
 
 // maxStatusMessage bounds the grpc-message of an answer: a message that
@@ -63,7 +61,7 @@ func (c *conn) writeTrailersOnly(id uint32, httpStatus int, code codes.Code, msg
 		msg = msg[:maxStatusMessage] + "..."
 	}
 	if msg != "" {
-		c.writeField("grpc-message", encodeGrpcMessage(msg))
+		c.writeField("grpc-message", grpcwire.EncodeMessage(msg))
 	}
 	c.writeBlockLocked(id, true)
 }
@@ -86,68 +84,4 @@ func (c *conn) writeBlockLocked(id uint32, endStream bool) {
 
 func (c *conn) writeField(name, value string) {
 	_ = c.henc.WriteField(hpack.HeaderField{Name: name, Value: value})
-}
-
-// parseTimeout reads grpc-timeout: up to 8 digits and a unit.
-func parseTimeout(v string) (time.Duration, bool) {
-	if len(v) < 2 || len(v) > 9 {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(v[:len(v)-1], 10, 64)
-	if err != nil || n < 0 {
-		return 0, false
-	}
-	var unit time.Duration
-	switch v[len(v)-1] {
-	case 'H':
-		unit = time.Hour
-	case 'M':
-		unit = time.Minute
-	case 'S':
-		unit = time.Second
-	case 'm':
-		unit = time.Millisecond
-	case 'u':
-		unit = time.Microsecond
-	case 'n':
-		unit = time.Nanosecond
-	default:
-		return 0, false
-	}
-	if n > int64(1<<63-1)/int64(unit) {
-		return 1<<63 - 1, true
-	}
-	return time.Duration(n) * unit, true
-}
-
-// decodeBinHeader decodes a -bin header, padded or not.
-func decodeBinHeader(v string) ([]byte, error) {
-	if len(v)%4 == 0 {
-		return base64.StdEncoding.DecodeString(v)
-	}
-	return base64.RawStdEncoding.DecodeString(v)
-}
-
-// encodeGrpcMessage percent-encodes what the gRPC spec requires of
-// grpc-message: bytes outside printable ASCII, and '%'.
-func encodeGrpcMessage(msg string) string {
-	clean := true
-	for i := 0; i < len(msg); i++ {
-		if b := msg[i]; b < ' ' || b > '~' || b == '%' {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return msg
-	}
-	var sb strings.Builder
-	for i := 0; i < len(msg); i++ {
-		if b := msg[i]; b < ' ' || b > '~' || b == '%' {
-			fmt.Fprintf(&sb, "%%%02X", b)
-		} else {
-			sb.WriteByte(b)
-		}
-	}
-	return sb.String()
 }
