@@ -13,14 +13,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	grpcstats "google.golang.org/grpc/stats"
 
 	"github.com/recmesh/recmesh/frontend/h2unary"
 	"github.com/recmesh/recmesh/frontend/steering"
@@ -50,6 +49,8 @@ type Server struct {
 	http    *http.Server
 	// guard bounds grpc-go's unfinished request bodies; nil on lean.
 	guard *bodyGuard
+	// tracing is otelgrpc's handler for both transports; nil untraced.
+	tracing grpcstats.Handler
 	// lean is the port's server on TransportLean, once Run made it.
 	lean atomic.Pointer[h2unary.Server]
 
@@ -139,13 +140,8 @@ func New(opts Options) (*Server, error) {
 		sopts = append(sopts, grpc.Creds(credentials.NewTLS(s.tls)))
 	}
 	if opts.TracerProvider != nil {
-		sopts = append(sopts, grpc.StatsHandler(otelgrpc.NewServerHandler(
-			otelgrpc.WithTracerProvider(opts.TracerProvider),
-			otelgrpc.WithPropagators(opts.Propagator),
-			// Probes every few seconds per load balancer would drown the
-			// inference spans.
-			otelgrpc.WithFilter(filters.Not(filters.HealthCheck())),
-		)))
+		s.tracing = newTraceHandler(opts)
+		sopts = append(sopts, grpc.StatsHandler(s.tracing))
 	}
 	s.grpcOpts = sopts
 	s.setServing(false)

@@ -11,15 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -424,73 +419,6 @@ func TestDrainEndsStreams(t *testing.T) {
 		if _, err := watch.Recv(); err != nil {
 			break
 		}
-	}
-}
-
-// TestTracing: with a TracerProvider, the server span continues the
-// caller's W3C trace and its context reaches Slot.Submit; health checks are
-// not traced.
-func TestTracing(t *testing.T) { forEachTransport(t, testTracing) }
-
-func testTracing(t *testing.T, tr string) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	defer tp.Shutdown(context.Background())
-	f := newFakeBackend()
-	ts := startServerOn(t, tr, f, func(o *Options) { o.TracerProvider = tp })
-
-	traceID, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
-	parent, _ := trace.SpanIDFromHex("b7ad6b7169203331")
-	caller := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: parent, TraceFlags: trace.FlagsSampled, Remote: true})
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), caller), carrier)
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", carrier["traceparent"])
-
-	healthStatus(ts.conn, "")
-	dense, sparse := inputs(1)
-	before := time.Now()
-	if _, err := ts.api.ModelInfer(ctx, rawRequest(dense, sparse, 1, false)); err != nil {
-		t.Fatal(err)
-	}
-	after := time.Now()
-	// The stats handler ends the server span once the call is over on the
-	// server's side, which may be after the client has its answer.
-	var server sdktrace.ReadOnlySpan
-	waitFor(t, 10*time.Second, "the ModelInfer server span", func() bool {
-		for _, s := range rec.Ended() {
-			if s.Name() == "inference.GRPCInferenceService/ModelInfer" {
-				server = s
-			}
-		}
-		return server != nil
-	})
-	for _, s := range rec.Ended() {
-		if strings.Contains(s.Name(), "Health") {
-			t.Errorf("health check traced: %s", s.Name())
-		}
-	}
-	if server.Parent().SpanID() != parent || server.SpanContext().TraceID() != traceID {
-		t.Errorf("server span does not continue the caller's trace")
-	}
-	f.mu.Lock()
-	tc, arrival := f.lastTC, f.lastArrival
-	f.mu.Unlock()
-	if arrival.Before(before) || arrival.After(after) {
-		t.Errorf("Submit got arrival %v, outside the call [%v, %v]", arrival, before, after)
-	}
-	want := TraceContext{TraceID: traceID, SpanID: server.SpanContext().SpanID(), Flags: 1}
-	if tc != want {
-		t.Errorf("Submit got trace context %+v, want %+v", tc, want)
-	}
-
-	// Untraced servers hand the backend a zero TraceContext.
-	f2 := newFakeBackend()
-	ts2 := startServerOn(t, tr, f2, nil)
-	if _, err := ts2.api.ModelInfer(ctx, rawRequest(dense, sparse, 1, false)); err != nil {
-		t.Fatal(err)
-	}
-	if !f2.lastTC.IsZero() {
-		t.Errorf("untraced server passed %+v", f2.lastTC)
 	}
 }
 
