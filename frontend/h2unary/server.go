@@ -136,46 +136,31 @@ func (o Options) withDefaults() Options {
 	if o.MaxConcurrentStreams == 0 {
 		o.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
-	if o.MaxRecvMsgSize <= 0 {
-		o.MaxRecvMsgSize = DefaultMaxRecvMsgSize
-	}
-	if o.StreamWindow <= 0 {
-		o.StreamWindow = DefaultStreamWindow
-	}
-	if o.ConnWindow <= 0 {
-		o.ConnWindow = DefaultConnWindow
-	}
+	orDefault(&o.MaxRecvMsgSize, DefaultMaxRecvMsgSize)
+	orDefault(&o.StreamWindow, DefaultStreamWindow)
+	orDefault(&o.ConnWindow, DefaultConnWindow)
 	// HTTP/2 windows start at 65,535 and may not exceed 2³¹-1.
 	o.StreamWindow = max(o.StreamWindow, initialWindow)
 	o.ConnWindow = max(o.ConnWindow, initialWindow)
-	if o.Workers <= 0 {
-		o.Workers = 64
-	}
-	if o.KeepaliveMinTime <= 0 {
-		o.KeepaliveMinTime = DefaultKeepaliveMinTime
-	}
-	if o.HandshakeTimeout <= 0 {
-		o.HandshakeTimeout = DefaultHandshakeTimeout
-	}
-	if o.MaxConnBufferedBytes <= 0 {
-		o.MaxConnBufferedBytes = DefaultMaxConnBufferedBytes
-	}
-	if o.MaxBufferedBytes <= 0 {
-		o.MaxBufferedBytes = DefaultMaxBufferedBytes
-	}
-	if o.BodyTimeout <= 0 {
-		o.BodyTimeout = DefaultBodyTimeout
-	}
-	if o.HeaderTimeout <= 0 {
-		o.HeaderTimeout = DefaultHeaderTimeout
-	}
-	if o.IdleTimeout <= 0 {
-		o.IdleTimeout = DefaultIdleTimeout
-	}
+	orDefault(&o.Workers, 64)
+	orDefault(&o.KeepaliveMinTime, DefaultKeepaliveMinTime)
+	orDefault(&o.HandshakeTimeout, DefaultHandshakeTimeout)
+	orDefault(&o.MaxConnBufferedBytes, DefaultMaxConnBufferedBytes)
+	orDefault(&o.MaxBufferedBytes, DefaultMaxBufferedBytes)
+	orDefault(&o.BodyTimeout, DefaultBodyTimeout)
+	orDefault(&o.HeaderTimeout, DefaultHeaderTimeout)
+	orDefault(&o.IdleTimeout, DefaultIdleTimeout)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return o
+}
+
+// orDefault sets *v to d when it is zero or negative: unset, in Options.
+func orDefault[T int | int32 | int64 | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // initialWindow is HTTP/2's initial flow-control window (RFC 9113 6.9.2).
