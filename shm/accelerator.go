@@ -11,7 +11,7 @@ import (
 // This file holds the accelerator's words: its pid, state and heartbeat
 // (in the accelerator page, mirrored into the header for frontends), the
 // batch seqs it has executed and completed, and the execution time table
-// the embedder plans batches with. The accelerator's handles are in
+// the embedder plans batches with (a counters record, counters.go). The accelerator's handles are in
 // batch.go (BatchReader) and requests.go (CompletionWriter).
 
 // ExecEstimate is one bucket's expected execution time (SetExecTime).
@@ -95,20 +95,21 @@ func (s *Segment) AcceleratorAlive(staleAfter time.Duration) error {
 }
 
 // SetExecTime publishes the accelerator's expected execution time of a
-// power-of-two bucket (0: unknown). Buckets beyond the table are ignored.
+// power-of-two bucket (0: unknown), an estimate of the execution
+// estimates record (counters.go). Buckets beyond the table are ignored.
 func (s *Segment) SetExecTime(bucket int, d time.Duration) {
 	if i, ok := execIndex(bucket); ok {
-		atomic.StoreUint64(s.execTable[i], uint64(max(d, 0)))
+		writeEstimate(s.exec, i, d)
 	}
 }
 
 // ExecTime is the expected execution time of a power-of-two bucket, 0 when
 // the accelerator has not published one. The words are read from shared
 // memory another process writes, so a value is only ever a prediction:
-// callers bound what they do with it.
+// callers bound what they do with it. A word that is no duration reads 0.
 func (s *Segment) ExecTime(bucket int) time.Duration {
 	if i, ok := execIndex(bucket); ok {
-		return time.Duration(atomic.LoadUint64(s.execTable[i]))
+		return readEstimate(s.exec, i)
 	}
 	return 0
 }

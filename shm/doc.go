@@ -132,5 +132,8 @@
 // segment directory is a hugetlbfs mount), doorbells shared futexes,
 // liveness reads /proc.
 //
-// The memory layout is documented in one place, layout.go.
+// The memory layout is documented in one place, layout.go, with the
+// records it places in records.go and counters.go (the counters record:
+// each lane's served and missed calls, the accelerator's execution
+// estimates, one described block of atomic words in each place).
 package shm

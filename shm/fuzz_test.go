@@ -259,6 +259,12 @@ func exercise(t *testing.T, s *Segment, midway func()) {
 		s.RequestsPending()
 		s.PeersAlive()
 		s.OwnerAlive(0)
+		s.ServedCalls()
+		for b := 1; b <= 1<<ExecTableBuckets; b *= 2 {
+			if s.ExecTime(b) < 0 {
+				t.Fatalf("ExecTime(%d) negative", b)
+			}
+		}
 		if midway != nil && round == 0 {
 			midway()
 		}

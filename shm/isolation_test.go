@@ -55,8 +55,8 @@ func TestFrontendViewIsConfined(t *testing.T) {
 		t.Fatal("a write into another lane's place reached the owner")
 	}
 	// Its own lane is shared with the owner.
-	atomic.StoreUint64(l.ctl.calls, 12345)
-	if got := atomic.LoadUint64(s.lane(l.Index()).calls); got != 12345 {
+	l.ctl.counters.Store(counterServed, 12345)
+	if got := s.lane(l.Index()).counters.Load(counterServed); got != 12345 {
 		t.Fatalf("own lane word not shared: owner reads %d", got)
 	}
 }
@@ -153,8 +153,8 @@ func TestLaneChangesHandsWithFreshMemory(t *testing.T) {
 		t.Fatalf("accelerator sees epoch %d, the new holder has %d", got, l2.Epoch())
 	}
 	// Owner, accelerator and new holder share the new memory.
-	atomic.StoreUint64(l2.ctl.calls, 777)
-	if a, o := atomic.LoadUint64(acc.lane(i).calls), atomic.LoadUint64(s.lane(i).calls); a != 777 || o != 777 {
+	l2.ctl.counters.Store(counterServed, 777)
+	if a, o := acc.lane(i).counters.Load(counterServed), s.lane(i).counters.Load(counterServed); a != 777 || o != 777 {
 		t.Fatalf("new lane not shared: accelerator %d, owner %d", a, o)
 	}
 	// And it serves: the accelerator's completion reaches the new holder.

@@ -17,8 +17,7 @@ type laneCtl struct {
 	heartbeat *uint64
 	pidNS     *uint64
 	drainSeq  *uint64
-	calls     *uint64 // calls served through the lane
-	misses    *uint64 // of those, answered later than the latency target
+	counters  counterBlock // lane counters record (counters.go): served, missed
 	bell      *Doorbell
 	block     []byte // the control block
 	slots     []byte // the slot table
@@ -45,8 +44,7 @@ func (s *Segment) newLaneCtl(i int) laneCtl {
 		heartbeat: word64(block, laneHeartbeat),
 		pidNS:     word64(block, lanePidNS),
 		drainSeq:  word64(block, laneDrainSeq),
-		calls:     word64(block, laneCalls),
-		misses:    word64(block, laneMisses),
+		counters:  newCounterBlock(block, laneCounters, &laneCounterRecord),
 		bell:      newDoorbell(block, laneBell),
 		block:     block,
 		slots:     slots[:len(slots):len(slots)],
@@ -536,21 +534,22 @@ func (l *Lane) Release() error {
 // embedder's SLO batching reads the sums (ServedCalls) to learn how the
 // answers it planned actually fared end to end.
 func (l *Lane) CountServed(missedTarget bool) {
-	atomic.AddUint64(l.ctl.calls, 1)
+	l.ctl.counters.Add(counterServed, 1)
 	if missedTarget {
-		atomic.AddUint64(l.ctl.misses, 1)
+		l.ctl.counters.Add(counterMissed, 1)
 	}
 }
 
-// ServedCalls sums every lane's CountServed counters. They only grow while
-// the segment lives (a lane keeps its counts across owners), so a reader
-// takes differences; a hostile frontend can make them move backwards,
+// ServedCalls sums every lane's CountServed counters, counts of the lane
+// counters record (counters.go). They only grow while the segment lives (a
+// lane keeps its counts across owners), so a reader takes differences; a
+// hostile frontend can make its lane's move backwards, or the sums wrap,
 // which a reader must treat as a restart, not a negative count.
 func (s *Segment) ServedCalls() (calls, misses uint64) {
 	for i := range s.lanes {
-		c := &s.lanes[i]
-		calls += atomic.LoadUint64(c.calls)
-		misses += atomic.LoadUint64(c.misses)
+		c := &s.lanes[i].counters
+		calls += c.Load(counterServed)
+		misses += c.Load(counterMissed)
 	}
 	return calls, misses
 }

@@ -5,12 +5,13 @@ import (
 	"math/bits"
 )
 
-// This file and records.go are the single description of the segment's
-// memory layout: this one places the regions, records.go formats the
-// records inside them. Every offset the package uses is a named constant in
-// one of them or is computed by computeLayout from the geometry in the
-// header; nothing else in the package hard-codes a position. Changing
-// anything in either means bumping LayoutVersion.
+// This file, records.go and counters.go are the single description of the
+// segment's memory layout: this one places the regions, records.go formats
+// the records inside them, and counters.go the one counters record every
+// block of counters shares. Every offset the package uses is a named
+// constant in one of them or is computed by computeLayout from the
+// geometry in the header; nothing else in the package hard-codes a
+// position. Changing anything in any of them means bumping LayoutVersion.
 //
 // A segment is one contiguous virtual image in every process that maps
 // it, built from several sealed memfds (see memfd.go for which region is
@@ -53,7 +54,7 @@ const (
 
 // LayoutVersion is stored in every header. Attach refuses any other value:
 // the layout below is the only one this code can read.
-const LayoutVersion = 4
+const LayoutVersion = 5
 
 // segmentMagic identifies a recmesh segment: the ASCII bytes "rmshseg1" read
 // as a big-endian integer, so a hex dump of the file shows them.
@@ -103,8 +104,9 @@ const segmentMagic uint64 = 0x726d_7368_7365_6731
 //	640    128  embedder doorbell waiter count        embedder (futex word: bell page)
 //	768    128  batch doorbell                        [accel page] embedder rings, accelerator waits
 //	896    128  staging doorbell                      [accel page] accelerator rings, embedder waits
-//	1024   128  execution time per bucket (atomic,    [accel page] accelerator, after runs
-//	            16 × u64 ns, index log2(bucket))
+//	1024   128  execution estimates: counters record  [accel page] accelerator, after runs
+//	            (counters.go), 16 estimates, u64 ns,
+//	            word log2(bucket)
 //	1152        reserved up to HeaderBytes
 //
 // Each group that a different process writes starts on its own LinePair.
@@ -148,17 +150,19 @@ const (
 	hdrBatchBell    = hdrEmbedderBell + LinePair
 	hdrStagingBell  = hdrBatchBell + LinePair
 
-	// hdrExecTable holds ExecTableBuckets words: the accelerator's expected
-	// execution time of each power-of-two bucket, which the embedder's
-	// latency-aware batching reads.
+	// hdrExecTable is the execution estimates block, a counters record
+	// (execCounterRecord, counters.go) of ExecTableBuckets words: the
+	// accelerator's expected execution time of each power-of-two bucket,
+	// which the embedder's latency-aware batching reads.
 	hdrExecTable = hdrStagingBell + LinePair
 
 	hdrUsed = hdrExecTable + LinePair
 )
 
 // ExecTableBuckets is how many buckets (1, 2, 4, … 2^15) the execution
-// time table of the header holds.
-const ExecTableBuckets = LinePair / 8
+// estimates block of the accelerator page holds: one counters record word
+// each, filling its LinePair.
+const ExecTableBuckets = LinePair / counterWordBytes
 
 // State is the segment state word (header offset hdrState).
 type State uint32
@@ -258,13 +262,11 @@ const (
 //	+                                                               +
 //	|                                                               |
 //	+---------------------------------------------------------------+
-//	|   Calls served (u64, atomic; frontend-owned, never reset)     |  40
-//	+                                                               +
-//	|                                                               |
+//	|   Lane counters: counters record (counters.go), written by    |  40
+//	|   the lane's frontend, laneCounterWords counts: served calls, |
+//	|   of those the ones over the latency target (u64 each)        |
 //	+---------------------------------------------------------------+
-//	|  Budget misses (u64, atomic; served calls over the target)    |  48
-//	+                                                               +
-//	|                                                               |
+//	|                    reserved up to LinePair                    |  56
 //	+---------------------------------------------------------------+
 const (
 	laneOwner     = 0
@@ -273,8 +275,7 @@ const (
 	laneHeartbeat = 16
 	lanePidNS     = 24
 	laneDrainSeq  = 32
-	laneCalls     = 40
-	laneMisses    = 48
+	laneCounters  = 40 // laneCounterRecord, laneCounterWords words
 
 	laneBell       = LinePair
 	laneReqCtl     = 2 * LinePair
@@ -296,7 +297,16 @@ const noOwner uint32 = 0
 // The records one process writes and another reads inside these regions
 // (request and completion ring entries, slot headers, batch descriptors,
 // staging entry rows) are described in records.go, each beside its encoder
-// and its validating decoder.
+// and its validating decoder; the counters (lane counters, execution
+// estimates) in counters.go, as one counters record placed twice.
+
+// Each counters block fits the place kept for it: the lane counters end
+// before the lane's doorbell, the execution estimates before hdrUsed. A
+// negative array length would not compile.
+var (
+	_ [laneBell - (laneCounters + laneCounterWords*counterWordBytes)]struct{}
+	_ [hdrUsed - (hdrExecTable + ExecTableBuckets*counterWordBytes)]struct{}
+)
 
 // Batch ring: a ring control block followed by batchRingCap descriptors
 // of batchEntryBytes (embedder → accelerator); the descriptor format is in

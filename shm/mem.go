@@ -25,6 +25,14 @@ func word64(b []byte, off int) *uint64 {
 	return (*uint64)(unsafe.Pointer(&w[0]))
 }
 
+// words64 returns the n ≥ 1 8-byte words at off in b as one slice for
+// sync/atomic (a counters record): the whole block is bounds-checked here,
+// each word again by the slice index.
+func words64(b []byte, off, n int) []uint64 {
+	w := b[off : off+8*n : off+8*n]
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&w[0])), n)
+}
+
 // aligned reports whether b starts on a boundary of align bytes. Attach
 // checks it once, so every aligned offset is an aligned address.
 func aligned(b []byte, align uintptr) bool {

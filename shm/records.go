@@ -18,13 +18,17 @@ import (
 // that calls it adds what only it knows (ring position, lane, its own
 // records) and the context of its error messages.
 //
+// The counters (a lane's served and missed calls, the accelerator's
+// execution estimates) are one more record, the counters record, kept in
+// counters.go with its view.
+//
 // Where the records live is layout.go's business; changing a record here
 // changes the layout and means bumping LayoutVersion.
 
 // Segment header record, the start of the header page (owner, once at
 // creation; every other process reads it through a read-only mapping).
 // The live words that follow it (owner, accelerator, progress, bells,
-// execution table) are in layout.go's table.
+// execution estimates) are in layout.go's table.
 //
 //	+---------------------------------------------------------------+
 //	|                        Magic (u64)                            |    0

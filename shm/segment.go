@@ -51,7 +51,7 @@ type Segment struct {
 	accelHB     *uint64
 	completed   *uint64
 	executed    *uint64
-	execTable   [ExecTableBuckets]*uint64 // words in the accelerator page
+	exec        counterBlock // execution estimates record, in the accelerator page
 	batchTail   *uint64
 	embedder    *Doorbell
 	batchBell   *Doorbell
@@ -409,9 +409,7 @@ func newSegment(path string, mem []byte, g Geometry, lay layout, gen uint64, mod
 		stagingBell: newDoorbell(mem, acc+hdrStagingBell),
 	}
 	s.useAccelPage()
-	for i := range s.execTable {
-		s.execTable[i] = word64(mem, acc+hdrExecTable+8*i)
-	}
+	s.exec = newCounterBlock(mem, acc+hdrExecTable, &execCounterRecord)
 	s.lanes = make([]laneCtl, g.Lanes)
 	for i := range s.lanes {
 		s.lanes[i] = s.newLaneCtl(i)
