@@ -260,7 +260,7 @@ func TestHotPathAllocations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.lane.Free(c.Slot); err != nil {
+		if _, err := r.lane.Free(c.Slot); err != nil {
 			t.Fatal(err)
 		}
 	}

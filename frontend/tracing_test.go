@@ -133,4 +133,3 @@ func describeSpan(s sdktrace.ReadOnlySpan) string {
 	sort.Strings(attrs)
 	return s.Name() + " " + s.SpanKind().String() + " " + s.Status().Code.String() + " " + strings.Join(attrs, " ")
 }
-

@@ -72,19 +72,24 @@ func BenchmarkMessage(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := l.Commit(slot, RequestMeta{ID: uint64(i)}); err != nil {
-			b.Fatal(err)
-		}
-		req, ok, err := rr.Next()
-		if !ok || err != nil {
-			b.Fatal(ok, err)
-		}
-		if err := cw.Complete(Completion{Slot: req.Slot, Epoch: req.Epoch, Examples: req.Examples}); err != nil {
-			b.Fatal(err)
-		}
-		if _, ok, err := l.Poll(); !ok || err != nil {
-			b.Fatal(ok, err)
-		}
+		message(b, l, rr, cw, slot, uint64(i))
+	}
+}
+
+// message sends slot through both rings: Commit, Next, Complete, Poll.
+func message(b *testing.B, l *Lane, rr *RequestReader, cw *CompletionWriter, slot int, id uint64) {
+	if err := l.Commit(slot, RequestMeta{ID: id}); err != nil {
+		b.Fatal(err)
+	}
+	req, ok, err := rr.Next()
+	if !ok || err != nil {
+		b.Fatal(ok, err)
+	}
+	if err := cw.Complete(Completion{Slot: req.Slot, Epoch: req.Epoch, Examples: req.Examples}); err != nil {
+		b.Fatal(err)
+	}
+	if _, ok, err := l.Poll(); !ok || err != nil {
+		b.Fatal(ok, err)
 	}
 }
 
@@ -162,5 +167,30 @@ func BenchmarkDoorbellRingNoWaiter(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		d.Ring()
+	}
+}
+
+// BenchmarkSlotCycle is one request's whole life through a lane in one
+// goroutine, no cross-core traffic: Claim, Commit, Next, Complete, Poll,
+// Scores, Free. It is the frontend's bookkeeping cost per request.
+func BenchmarkSlotCycle(b *testing.B) {
+	l, rr, cw, slot := benchLane(b)
+	if _, err := l.Free(slot); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		slot, _, err := l.Claim(1, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		message(b, l, rr, cw, slot, uint64(i))
+		if _, err := l.Scores(slot); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := l.Free(slot); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

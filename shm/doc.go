@@ -28,9 +28,9 @@
 // [Segment.ReclaimLanes]; the accelerator uses [BatchReader] and
 // [CompletionWriter]. The ring sides are single-threaded by design, so the
 // reader and writer handles are not safe for concurrent use: their owner
-// serialises calls. [Lane] is the one exception: its calls take a mutex,
-// so a frontend's calls may claim, commit and free slots from many
-// goroutines, while one goroutine alone waits for completions.
+// serialises calls. [Lane] is the one exception, shared by a frontend's
+// callers and its completion reader; its documentation states the
+// contract.
 //
 // The accelerator is the only writer of completions. When the embedder
 // drops a request (cancelled, expired, invalid), it still carries it in a

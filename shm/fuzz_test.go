@@ -177,10 +177,10 @@ func exercise(t *testing.T, s *Segment, midway func()) {
 	// every slot believed committed so Poll validates all the way.
 	fe := s.newLane(s.lane(0), pid, atomic.LoadUint32(s.lane(0).epoch))
 	for i := range fe.recs {
-		fe.recs[i] = slotRecord{state: slotCommitted, examples: 1}
+		fe.recs[i].state.Store(slotHeld | slotInFlight)
+		fe.recs[i].examples = 1
 	}
 	fe.free = fe.free[:0]
-	fe.active = len(fe.recs)
 
 	readers := make([]*RequestReader, g.Lanes)
 	writers := make([]*CompletionWriter, g.Lanes)

@@ -179,7 +179,7 @@ func roundTrip(t testing.TB, l *Lane, rr *RequestReader, cw *CompletionWriter, i
 	if err != nil || get32(got, 0) != uint32(id) {
 		t.Fatalf("Scores = %v, %v", got, err)
 	}
-	if err := l.Free(slot); err != nil {
-		t.Fatal(err)
+	if freed, err := l.Free(slot); err != nil || !freed {
+		t.Fatalf("Free of a completed slot = %v, %v", freed, err)
 	}
 }

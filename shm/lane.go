@@ -76,24 +76,6 @@ func (s *Segment) checkLaneIndex(i int) error {
 	return nil
 }
 
-// Frontend-private slot states. A slot cycles
-// idle → claimed → committed → completed → (committed again | idle).
-const (
-	slotIdle      uint8 = iota // free for Claim
-	slotClaimed                // room reserved, being filled; not visible to anyone
-	slotCommitted              // published on the request ring; the serving side owns it
-	slotCompleted              // its completion arrived; scores readable
-)
-
-// slotRecord is the frontend's own copy of what it put in a slot, so it
-// never has to trust the shared header to free the slot's room.
-type slotRecord struct {
-	state    uint8
-	examples int32
-	off      int32 // arena offset of the payload; scores follow
-	payload  int32 // payload bytes
-}
-
 // Completion is one completion ring entry: the serving side's answer to
 // the request in Slot.
 type Completion struct {
@@ -116,29 +98,45 @@ type RequestMeta struct {
 // Lane is a frontend's claimed lane: the producer side of its request ring,
 // the consumer side of its completion ring, its slots and its arena.
 //
-// A request goes Claim → (fill Payload) → Commit → completion (Poll or
+// A request goes Claim → (fill the payload) → Commit → completion (Poll or
 // WaitCompletion) → Scores → Free; Free after Claim aborts it. A completed
-// slot may be committed again with the same room. A slot's room belongs to
-// the serving side from Commit until its completion arrives, also when the
-// request is cancelled, so it must not be freed or rewritten in between.
+// slot may be committed again with the same room. A caller that gives up
+// waits no longer: Abandon, then Free. Each slot's life is one state
+// machine, kept here (slotstate.go): its room belongs to the serving side
+// from Commit until its completion is consumed, also when the request is
+// abandoned, and whoever of the holder's Free, the completion and
+// DropInFlight comes last frees it.
 //
-// Lane is safe for concurrent use: one mutex serialises the request ring's
-// producer side and the slot bookkeeping. Only one goroutine should wait
-// for completions at a time (it then dispatches them).
+// Concurrency, the one contract of the package's shared handles: a Lane is
+// shared by a frontend's callers and its completion consumer.
+//
+//   - Any goroutine may Claim, and call InFlight, FreePages, Beat,
+//     Heartbeat and Release.
+//   - A slot's holder (from Claim until its Free) alone calls Commit,
+//     Cancel, Abandon, Scores and Free on it.
+//   - One goroutine at a time consumes completions (Poll, WaitCompletion)
+//     and hands them to the holders; DropInFlight is for once it has
+//     stopped for good.
+//
+// Claim, Commit and a Free that frees room take mu (the request ring's
+// producer side, the free stack and the page allocator). Nothing else on
+// a request's path locks: the slot states are atomic, so Scores, Cancel,
+// Abandon and a Free of a slot in flight do not, and the consumer, alone
+// on its side of the completion ring, never waits on a caller.
 type Lane struct {
 	seg   *Segment
 	ctl   *laneCtl
 	pid   uint32
 	epoch uint32
+	recs  []slotRecord // each slot's state machine; see slotstate.go
 
-	mu      sync.Mutex
-	req     ring // producer side
-	compl   ring // consumer side
-	pages   *PageAllocator
-	recs    []slotRecord
-	free    []int32 // idle slot indices, a stack
-	active  int     // committed slots awaiting completion
-	lost    bool
+	mu    sync.Mutex
+	req   ring // producer side
+	pages *PageAllocator
+	free  []int32 // idle slot indices, a stack
+	lost  bool
+
+	compl   ring        // consumer side: the one consumer goroutine's
 	hasWork func() bool // compl has entries; stored once so waits do not allocate
 }
 
@@ -244,10 +242,15 @@ func (l *Lane) Arena() []byte { return l.ctl.arena }
 func (l *Lane) Bell() *Doorbell { return l.ctl.bell }
 
 // InFlight is the number of committed requests still awaiting completion.
+// It reads the slot states, a snapshot: the hot path keeps no count.
 func (l *Lane) InFlight() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.active
+	n := 0
+	for i := range l.recs {
+		if l.recs[i].state.Load()&slotInFlight != 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // FreePages is the number of arena pages not reserved by a slot.
@@ -292,7 +295,9 @@ func (l *Lane) Claim(examples, payloadBytes int) (slot int, payload []byte, err 
 	}
 	slot = int(l.free[len(l.free)-1])
 	l.free = l.free[:len(l.free)-1]
-	l.recs[slot] = slotRecord{state: slotClaimed, examples: int32(examples), off: int32(off), payload: int32(payloadBytes)}
+	rec := &l.recs[slot]
+	rec.examples, rec.off, rec.payload = int32(examples), int32(off), int32(payloadBytes)
+	rec.state.Store(slotHeld) // last: the record is complete for whoever sees the state
 	return slot, l.ctl.arena[off : off+payloadBytes : off+payloadBytes], nil
 }
 
@@ -300,6 +305,10 @@ func (l *Lane) Claim(examples, payloadBytes int) (slot int, payload []byte, err 
 // (the tail store is the last write), then rings the embedder's doorbell.
 // The slot must be claimed, or completed (to send it again).
 func (l *Lane) Commit(slot int, m RequestMeta) error {
+	rec, err := l.record(slot)
+	if err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.checkOwned(); err != nil {
@@ -308,9 +317,9 @@ func (l *Lane) Commit(slot int, m RequestMeta) error {
 	if err := l.seg.acceptsWork(); err != nil {
 		return fmt.Errorf("shm: commit lane %d: %w", l.ctl.index, err)
 	}
-	rec, err := l.record(slot, slotClaimed, slotCompleted)
-	if err != nil {
-		return err
+	s := rec.state.Load()
+	if s&(slotHeld|slotInFlight) != slotHeld {
+		return l.stateError(slot, s)
 	}
 	t, err := l.req.claim(1)
 	if err != nil {
@@ -330,116 +339,40 @@ func (l *Lane) Commit(slot int, m RequestMeta) error {
 	}
 	writeSlotHeader(l.ctl.slot(slot), &h)
 	writeReqEntry(l.req.entry(t), slot, l.epoch)
+	// In flight before it is published: its completion may be consumed
+	// the moment it is.
+	if !rec.commit(s) {
+		return l.stateError(slot, rec.state.Load()) // the holder raced itself
+	}
 	l.req.commit(t + 1)
-	rec.state = slotCommitted
-	l.active++
 	l.seg.embedder.Ring()
 	return nil
 }
 
-// record returns slot's record if the slot is in one of the given states.
-// Caller holds mu.
-func (l *Lane) record(slot int, states ...uint8) (*slotRecord, error) {
-	if slot < 0 || slot >= len(l.recs) {
-		return nil, fmt.Errorf("shm: lane %d: slot %d outside [0, %d)", l.ctl.index, slot, len(l.recs))
-	}
-	rec := &l.recs[slot]
-	for _, s := range states {
-		if rec.state == s {
-			return rec, nil
-		}
-	}
-	return nil, fmt.Errorf("shm: lane %d slot %d: %w: %s", l.ctl.index, slot, ErrState, slotStateName(rec.state))
-}
-
-func slotStateName(s uint8) string {
-	switch s {
-	case slotIdle:
-		return "idle"
-	case slotClaimed:
-		return "claimed"
-	case slotCommitted:
-		return "committed"
-	case slotCompleted:
-		return "completed"
-	}
-	return "unknown"
-}
-
-// Cancel asks the serving side to drop a committed request. The request
-// still completes (with StatusCanceled, or normally if it was too late),
-// and its room stays reserved until then.
-func (l *Lane) Cancel(slot int) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, err := l.record(slot, slotCommitted); err != nil {
-		return err
-	}
-	atomic.StoreUint32(slotCancelWord(l.ctl.slot(slot)), 1)
-	return nil
-}
-
-// Scores returns the float32 scores (native-endian bytes) of a completed
-// slot, located from the frontend's own record rather than the shared header.
-func (l *Lane) Scores(slot int) ([]byte, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	rec, err := l.record(slot, slotCompleted)
-	if err != nil {
-		return nil, err
-	}
-	off := int(rec.off) + roundUp(int(rec.payload), 4)
-	n := 4 * int(rec.examples)
-	return l.ctl.arena[off : off+n : off+n], nil
-}
-
-// Free returns a claimed (abort) or completed slot and its room.
-func (l *Lane) Free(slot int) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	rec, err := l.record(slot, slotClaimed, slotCompleted)
-	if err != nil {
-		return err
-	}
-	if err := l.pages.Free(int(rec.off), roundUp(int(rec.payload), 4)+4*int(rec.examples)); err != nil {
-		return fmt.Errorf("shm: lane %d slot %d: %w", l.ctl.index, slot, err)
-	}
-	*rec = slotRecord{}
-	l.free = append(l.free, int32(slot))
-	return nil
-}
-
-// Poll returns the next completion, or ok=false when none is waiting. A
-// completion that fails validation is consumed and reported as an error:
-// ErrStaleEpoch (left over from a previous owner) is harmless and the
-// caller may keep polling; ErrCorrupt (unknown or not committed slot, wrong
-// count, broken counters) means the lane cannot be trusted: fail its
-// in-flight work, Release it and claim another.
-func (l *Lane) Poll() (c Completion, ok bool, err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// Poll consumes the next completion, or returns ok=false when none is
+// waiting. The completion's slot is then completed (its scores readable)
+// if its holder waits for it; Completed says when not, and when consuming
+// it freed the slot. A completion that fails validation is consumed and
+// reported as an error: ErrStaleEpoch (left over from a previous owner) is
+// harmless and the caller may keep polling; ErrCorrupt (unknown or not
+// committed slot, wrong count, broken counters) means the lane cannot be
+// trusted: fail its in-flight work, Release it and claim another.
+func (l *Lane) Poll() (c Completed, ok bool, err error) {
 	h, n, err := l.compl.peek()
 	if err != nil {
-		return Completion{}, false, fmt.Errorf("shm: lane %d completions: %w", l.ctl.index, err)
+		return Completed{}, false, fmt.Errorf("shm: lane %d completions: %w", l.ctl.index, err)
 	}
 	if n == 0 {
-		return Completion{}, false, nil
+		return Completed{}, false, nil
 	}
-	c, err = readCompletion(l.compl.entry(h), l.epoch, l.seg.geo)
+	cpl, err := readCompletion(l.compl.entry(h), l.epoch, l.seg.geo)
 	l.compl.release(h + 1)
 	if err != nil {
-		return c, false, fmt.Errorf("shm: lane %d completion for slot %d: %w", l.ctl.index, c.Slot, err)
+		return Completed{Completion: cpl}, false, fmt.Errorf("shm: lane %d completion for slot %d: %w", l.ctl.index, cpl.Slot, err)
 	}
-	rec, err := l.record(c.Slot, slotCommitted)
-	if err != nil {
-		return c, false, fmt.Errorf("%w: completion: %w", ErrCorrupt, err)
+	if c, err = l.consume(cpl); err != nil {
+		return c, false, err
 	}
-	if c.Examples != int(rec.examples) && c.Status == StatusOK {
-		return c, false, fmt.Errorf("shm: lane %d slot %d: %w: completion for %d examples, request had %d",
-			l.ctl.index, c.Slot, ErrCorrupt, c.Examples, rec.examples)
-	}
-	rec.state = slotCompleted
-	l.active--
 	return c, true, nil
 }
 
@@ -449,7 +382,7 @@ func (l *Lane) Poll() (c Completion, ok bool, err error) {
 // lane is still this claim's, and returns an error wrapping ErrOwnerDead,
 // ErrAcceleratorDead, ErrClosed or ErrLaneLost when not, so in-flight work
 // fails instead of hanging. It also returns ctx's error when ctx is done.
-func (l *Lane) WaitCompletion(ctx context.Context) (Completion, error) {
+func (l *Lane) WaitCompletion(ctx context.Context) (Completed, error) {
 	for {
 		c, ok, err := l.Poll()
 		if ok || err != nil {
@@ -457,19 +390,19 @@ func (l *Lane) WaitCompletion(ctx context.Context) (Completion, error) {
 		}
 		got, err := l.ctl.bell.Wait(ctx, l.hasWork, DefaultLivenessTick)
 		if err != nil {
-			return Completion{}, err
+			return Completed{}, err
 		}
 		if got {
 			continue
 		}
 		if err := l.seg.PeersAlive(); err != nil {
-			return Completion{}, err
+			return Completed{}, err
 		}
 		l.mu.Lock()
 		err = l.checkOwned()
 		l.mu.Unlock()
 		if err != nil {
-			return Completion{}, err
+			return Completed{}, err
 		}
 	}
 }
@@ -506,9 +439,10 @@ func (l *Lane) Heartbeat(ctx context.Context, interval time.Duration) error {
 	}
 }
 
-// Release gives the lane back. With nothing in flight the lane is free at
-// once; otherwise it is handed to the embedder, which frees it when no
-// batch can still write into its arena. The handle is dead afterwards.
+// Release gives the lane back. With nothing in flight and nothing unread
+// the lane is free at once; otherwise it is handed to the embedder, which
+// frees it, emptying its rings, when no batch can still write into its
+// arena. The handle is dead afterwards.
 func (l *Lane) Release() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -516,9 +450,14 @@ func (l *Lane) Release() error {
 		return err
 	}
 	l.lost = true
-	idle := l.active == 0 && !l.req.pending()
+	// No Commit can start under mu; a flight that ends meanwhile only
+	// makes the lane look busier than it is. Unread completions with
+	// nothing in flight (spurious ones: every committed request is in
+	// flight until its completion is read) go the embedder's way too,
+	// rather than being dropped here: the consumer, which takes no lock,
+	// may be reading them, and its head store would undo a drop.
+	idle := l.InFlight() == 0 && !l.req.pending() && !l.compl.pending()
 	if idle && atomic.CompareAndSwapUint32(l.ctl.state, laneActive, laneFree) {
-		l.compl.drop()
 		atomic.AddUint32(l.ctl.epoch, 1)
 		atomic.StoreUint32(l.ctl.owner, noOwner) // last: the lane is claimable
 		return nil

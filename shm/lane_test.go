@@ -16,6 +16,18 @@ type serving struct {
 	cw *CompletionWriter
 }
 
+// servedLane claims, in this process, a lane of a new test segment of
+// geometry g, and returns it with the lane's serving side.
+func servedLane(t testing.TB, g Geometry) (*Segment, *Lane, serving) {
+	t.Helper()
+	s := newTestSegment(t, g)
+	l, err := s.ClaimLane(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, l, newServing(t, s, l.Index())
+}
+
 func newServing(t testing.TB, s *Segment, lane int) serving {
 	t.Helper()
 	rr, err := s.RequestReader(lane)
@@ -50,12 +62,7 @@ func TestLaneRoundTrip(t *testing.T) {
 }
 
 func TestLaneCarriesHeaderFields(t *testing.T) {
-	s := newTestSegment(t, testGeometry())
-	l, err := s.ClaimLane(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := newServing(t, s, l.Index())
+	_, l, sv := servedLane(t, testGeometry())
 	tc := TraceContext{Flags: 1}
 	for i := range tc.TraceID {
 		tc.TraceID[i] = byte(i + 1)
@@ -140,10 +147,10 @@ func TestLaneSlotBookkeeping(t *testing.T) {
 	if len(slots) != g.SlotsPerLane {
 		t.Fatalf("claimed %d slots, want %d", len(slots), g.SlotsPerLane)
 	}
-	if err := l.Free(slots[0]); err != nil {
-		t.Fatal(err)
+	if freed, err := l.Free(slots[0]); err != nil || !freed {
+		t.Fatalf("Free of a claimed slot = %v, %v; want it freed", freed, err)
 	}
-	if err := l.Free(slots[0]); !errors.Is(err, ErrState) {
+	if _, err := l.Free(slots[0]); !errors.Is(err, ErrState) {
 		t.Fatalf("double Free = %v, want ErrState", err)
 	}
 	if err := l.Commit(slots[0], RequestMeta{}); !errors.Is(err, ErrState) {
@@ -152,11 +159,17 @@ func TestLaneSlotBookkeeping(t *testing.T) {
 	if err := l.Commit(slots[1], RequestMeta{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Free(slots[1]); !errors.Is(err, ErrState) {
-		t.Fatalf("Free of a committed slot = %v, want ErrState", err)
-	}
 	if _, err := l.Scores(slots[1]); !errors.Is(err, ErrState) {
 		t.Fatalf("Scores before completion = %v, want ErrState", err)
+	}
+	// Freeing a committed slot gives up the request, not its room: that
+	// is the serving side's until the completion comes.
+	pages := l.FreePages()
+	if freed, err := l.Free(slots[1]); err != nil || freed || l.FreePages() != pages {
+		t.Fatalf("Free of a committed slot = %v, %v (free pages %d, were %d); want the room kept", freed, err, l.FreePages(), pages)
+	}
+	if err := l.Commit(slots[1], RequestMeta{}); !errors.Is(err, ErrState) {
+		t.Fatalf("Commit of a freed slot in flight = %v, want ErrState", err)
 	}
 	if _, _, err := l.Claim(0, 10); err == nil {
 		t.Fatal("Claim of 0 examples succeeded")
@@ -221,12 +234,7 @@ func TestClaimLaneExclusive(t *testing.T) {
 }
 
 func TestStaleEpochIsDropped(t *testing.T) {
-	s := newTestSegment(t, testGeometry())
-	l, err := s.ClaimLane(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := newServing(t, s, l.Index())
+	_, l, sv := servedLane(t, testGeometry())
 	slot, _, _ := l.Claim(1, 8)
 	if err := l.Commit(slot, RequestMeta{ID: 1}); err != nil {
 		t.Fatal(err)
@@ -394,12 +402,7 @@ func TestReclaimWaitsForInFlightBatches(t *testing.T) {
 }
 
 func TestRelease(t *testing.T) {
-	s := newTestSegment(t, testGeometry())
-	l, err := s.ClaimLane(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := newServing(t, s, l.Index())
+	s, l, sv := servedLane(t, testGeometry())
 	roundTrip(t, l, sv.rr, sv.cw, 1)
 	idx := l.Index()
 	if err := l.Release(); err != nil {
@@ -412,29 +415,44 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("second Release = %v, want ErrLaneLost", err)
 	}
 
+	// released releases l, which the embedder must finish, as it does.
+	released := func(why string) {
+		t.Helper()
+		if err := l.Release(); err != nil {
+			t.Fatal(err)
+		}
+		if info := s.Lanes()[l.Index()]; info.State != "releasing" {
+			t.Fatalf("release %s left %+v", why, info)
+		}
+		if rs, _ := s.ReclaimLanes(0); rs.Freed != 1 {
+			t.Fatalf("releasing lane not freed: %+v", rs)
+		}
+	}
+
 	// With work in flight the embedder finishes the release.
 	l, _ = s.ClaimLane(os.Getpid())
 	slot, _, _ := l.Claim(1, 8)
 	l.Commit(slot, RequestMeta{ID: 2})
-	if err := l.Release(); err != nil {
+	released("with work in flight")
+
+	// An unread completion with nothing in flight (a spurious one) is not
+	// the releasing frontend's to drop, its consumer may be reading it:
+	// the embedder empties the ring when it frees the lane.
+	l, _ = s.ClaimLane(os.Getpid())
+	cw, _ := s.CompletionWriter(l.Index())
+	if err := cw.Complete(Completion{Slot: 0, Epoch: l.Epoch(), Examples: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if info := s.Lanes()[l.Index()]; info.State != "releasing" {
-		t.Fatalf("busy release left %+v", info)
-	}
-	if rs, _ := s.ReclaimLanes(0); rs.Freed != 1 {
-		t.Fatalf("releasing lane not freed: %+v", rs)
+	released("with an unread completion")
+	l, _ = s.ClaimLane(os.Getpid())
+	if _, ok, err := l.Poll(); ok || err != nil {
+		t.Fatalf("the next owner reads a completion: %v, %v", ok, err)
 	}
 }
 
 func TestRequestReaderRejectsHostileEntries(t *testing.T) {
 	g := testGeometry()
-	s := newTestSegment(t, g)
-	l, err := s.ClaimLane(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := newServing(t, s, l.Index())
+	s, l, sv := servedLane(t, g)
 	c := s.lane(l.Index())
 	push := func(slot, epoch uint32) {
 		r := s.requestRing(c)
@@ -511,12 +529,7 @@ func TestRequestReaderRejectsHostileEntries(t *testing.T) {
 }
 
 func TestLanePollRejectsHostileCompletions(t *testing.T) {
-	s := newTestSegment(t, testGeometry())
-	l, err := s.ClaimLane(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := newServing(t, s, l.Index())
+	s, l, sv := servedLane(t, testGeometry())
 	slot, _, _ := l.Claim(2, 8)
 	l.Commit(slot, RequestMeta{ID: 1})
 	for _, c := range []Completion{

@@ -252,7 +252,7 @@ func helperAttachLane() (*Segment, *Lane, error) {
 // reapCompletions frees every completed slot, checking the scores.
 func reapCompletions(l *Lane, block bool) error {
 	for {
-		var c Completion
+		var c Completed
 		var ok bool
 		var err error
 		if block {
@@ -271,7 +271,7 @@ func reapCompletions(l *Lane, block bool) error {
 		if c.Status != StatusOK {
 			return fmt.Errorf("slot %d completed with status %d", c.Slot, c.Status)
 		}
-		if err := l.Free(c.Slot); err != nil {
+		if _, err := l.Free(c.Slot); err != nil {
 			return err
 		}
 	}
@@ -843,7 +843,7 @@ func TestHostileFrontendConfinedToItsLane(t *testing.T) {
 		if sc, err := hl.Scores(slot); err != nil || get32(sc, 0) != uint32(id) {
 			t.Fatalf("honest call %d scores: %v", id, err)
 		}
-		if err := hl.Free(slot); err != nil {
+		if _, err := hl.Free(slot); err != nil {
 			t.Fatal(err)
 		}
 	}

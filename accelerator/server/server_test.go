@@ -223,7 +223,7 @@ func (g *generation) completions(n int) map[int]shm.Completion {
 			if _, dup := out[c.Slot]; dup {
 				g.t.Fatalf("slot %d completed twice", c.Slot)
 			}
-			out[c.Slot] = c
+			out[c.Slot] = c.Completion
 		}
 	})
 	if len(out) != n {
@@ -250,7 +250,7 @@ func (g *generation) scores(slot int) []float32 {
 func (g *generation) free(cs map[int]shm.Completion) {
 	g.t.Helper()
 	for slot := range cs {
-		if err := g.lane.Free(slot); err != nil {
+		if _, err := g.lane.Free(slot); err != nil {
 			g.t.Fatal(err)
 		}
 	}

@@ -161,7 +161,7 @@ func runFrontend(path string, trips, warmup, stream int) error {
 			lat[i] = time.Since(t0)
 		}
 	}
-	if err := lane.Free(slot); err != nil {
+	if _, err := lane.Free(slot); err != nil {
 		return err
 	}
 	slices.Sort(lat)
