@@ -17,7 +17,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/recmesh/recmesh/embedder/lookup"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/shm"
 )
@@ -91,7 +90,7 @@ func (e *Embedder) loadStore(dir string) (*Store, error) {
 	}
 	e.log.Info("tables loaded", "bundle", dir, "model", store.Config.ID(), "bytes", store.Bytes(), "rows", store.Config.TotalRows(),
 		"pages", store.Mode.String(), "page_bytes", store.PageSize, "huge_page_fraction", store.HugePageFraction,
-		"kernel", lookup.Kernel(), "seconds", time.Since(start).Seconds())
+		"table_dtype", store.Config.TableDtype.String(), "kernel", store.Tables.Kernel(), "seconds", time.Since(start).Seconds())
 	return store, nil
 }
 

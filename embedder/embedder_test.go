@@ -32,15 +32,7 @@ func newRig(t *testing.T, mode batch.Mode, window time.Duration) *rig {
 	if err := model.Export(context.Background(), dir, model.DLRMv2(model.DevVocabCap), 5, nil); err != nil {
 		t.Fatal(err)
 	}
-	b, err := model.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	ref, err := model.NewReference(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, ref := openReference(t, dir)
 	name := fmt.Sprintf("recmesh-embedder-test-%d-%s", os.Getpid(), mode)
 	e, err := New(Options{Bundle: dir, Segment: name, Lanes: 2, Mode: mode, MaxBatch: 64, Window: window, Workers: 2})
 	if err != nil {

@@ -2,7 +2,6 @@ package embedder
 
 import (
 	"fmt"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -27,7 +26,10 @@ type Store struct {
 	HugePageFraction float64
 }
 
-// LoadStore copies the tables of the bundle at dir into a huge-page region.
+// LoadStore copies the tables of the bundle at dir into a huge-page region,
+// at the precision the bundle stores them (model.Dtype): each table starts
+// on a cache line (lookup.LayoutTablesOf) and is served by the best kernel
+// for that precision.
 func LoadStore(dir string) (*Store, error) {
 	b, err := model.Open(dir)
 	if err != nil {
@@ -35,28 +37,25 @@ func LoadStore(dir string) (*Store, error) {
 	}
 	defer b.Close()
 	cfg := b.Config
-	size := int(cfg.TableBytes())
+	size := lookup.TableBytesOf(cfg.TableDtype, cfg.VocabSizes)
 	region, err := hugepage.Map(size, hugepage.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("embedder: map %d-byte table region: %w", size, err)
 	}
-	mem := region.Bytes()
-	data := make([][]float32, len(cfg.VocabSizes))
-	off := 0
-	for i := range cfg.VocabSizes {
-		src := b.Table(i)
-		n := len(src) * 4
-		dst := unsafe.Slice((*float32)(unsafe.Pointer(&mem[off])), len(src))
-		copy(dst, src)
-		data[i] = dst
-		off += n
+	data, err := lookup.LayoutTablesOf(cfg.TableDtype, region.Bytes(), cfg.VocabSizes)
+	if err != nil {
+		region.Close()
+		return nil, fmt.Errorf("embedder: lay out %s tables: %w", cfg.TableDtype, err)
+	}
+	for i := range data {
+		copy(data[i], b.TableData(i))
 	}
 	// The copy is the only one we need: let the kernel drop the file pages.
 	_ = b.Advise(unix.MADV_DONTNEED)
-	tables, err := lookup.NewTables(data, cfg.Hotness)
+	tables, err := lookup.NewTablesOf(cfg.TableDtype, data, cfg.Hotness)
 	if err != nil {
 		region.Close()
-		return nil, fmt.Errorf("embedder: tables: %w", err)
+		return nil, fmt.Errorf("embedder: %s tables: %w", cfg.TableDtype, err)
 	}
 	frac, err := region.HugePageFraction()
 	if err != nil {
@@ -69,7 +68,7 @@ func LoadStore(dir string) (*Store, error) {
 	return &Store{Config: cfg, Tables: tables, region: region, Mode: region.Mode(), PageSize: page, HugePageFraction: frac}, nil
 }
 
-// Bytes is the size of the tables.
+// Bytes is the size of the tables at their precision.
 func (s *Store) Bytes() int64 { return s.Config.TableBytes() }
 
 // Close unmaps the region; the store must not be used afterwards.

@@ -36,18 +36,21 @@ type Bundle struct {
 	Dir string
 
 	mapping []byte               // the whole of model.safetensors; nil once closed
-	tensors map[string][]float32 // every tensor, by name
+	tensors map[string][]float32 // every float32 tensor, by name
+	tables  [][]byte             // every table's stored rows, by index
 	meta    map[string]string    // the header's __metadata__ (may be nil)
 }
 
 // Open maps dir/model.safetensors read-only (mmap, MAP_SHARED, PROT_READ)
 // and validates it against dir/config.json: every tensor the config names
-// must be present with dtype F32, the right shape and data inside the file,
-// no other tensor may be present, tensors may not overlap, and the dense
-// parameters must be finite. Tensors may be stored in any order, with or
-// without gaps; one whose data is not 4-byte aligned in the file is copied
-// to the heap (the only copy Open makes), so a bundle written by another
-// safetensors writer still opens.
+// must be present with the dtype, shape and byte size its precision gives
+// (dense parameters F32; tables as config.json's table_dtype stores them,
+// see Dtype), with data inside the file; no other tensor may be present,
+// tensors may not overlap, and the dense parameters must be finite.
+// Tensors may be stored in any order, with or without gaps; a float32 one
+// whose data is not 4-byte aligned in the file is copied to the heap (the
+// only copy Open makes), so a bundle written by another safetensors writer
+// still opens.
 func Open(dir string) (*Bundle, error) {
 	b, err := open(dir)
 	if err != nil {
@@ -103,6 +106,7 @@ func readConfig(path string) (Config, error) {
 	if err := cfg.Validate(); err != nil {
 		return Config{}, fmt.Errorf("%s: %w", ConfigFile, err)
 	}
+	cfg.TableDtype = cfg.TableDtype.norm()
 	return cfg, nil
 }
 
@@ -117,14 +121,19 @@ func (b *Bundle) load() error {
 	if err := checkSeed(b.Config, h.meta); err != nil {
 		return err
 	}
-	specs := bundleSpecs(b.Config)
-	places, err := checkTensors(specs, h, int64(len(b.mapping)))
+	places, err := checkTensors(b.Config, h, int64(len(b.mapping)))
 	if err != nil {
 		return err
 	}
 	b.tensors = make(map[string][]float32, len(places))
 	for _, p := range places {
-		b.tensors[p.spec.Name] = floatView(b.mapping[h.dataStart+p.begin : h.dataStart+p.end])
+		raw := b.mapping[h.dataStart+p.begin : h.dataStart+p.end : h.dataStart+p.end]
+		if p.table != "" {
+			b.tables = append(b.tables, raw)
+		}
+		if p.dtype == dtypeF32 {
+			b.tensors[p.spec.Name] = floatView(raw)
+		}
 	}
 	// Tables are too big to scan on every open; the dense parameters are a
 	// few tens of MB and a NaN there would poison every score.
@@ -157,12 +166,13 @@ func checkSeed(cfg Config, meta map[string]string) error {
 	return nil
 }
 
-// checkTensors matches the header against specs and returns each spec's
-// byte range in the data section, in specs order.
-func checkTensors(specs []ParamSpec, h *fileHeader, fileSize int64) ([]placed, error) {
+// checkTensors matches the header against cfg's tensors and returns each
+// one's byte range in the data section, in bundle order.
+func checkTensors(cfg Config, h *fileHeader, fileSize int64) ([]placed, error) {
+	specs := storedSpecs(cfg)
 	want := make(map[string]bool, len(specs))
 	for _, s := range specs {
-		want[s.Name] = true
+		want[s.spec.Name] = true
 	}
 	var extra []string
 	for name := range h.tensors {
@@ -177,30 +187,37 @@ func checkTensors(specs []ParamSpec, h *fileHeader, fileSize int64) ([]placed, e
 	dataLen := fileSize - h.dataStart
 	places := make([]placed, len(specs))
 	for i, s := range specs {
-		info, ok := h.tensors[s.Name]
+		name := s.spec.Name
+		info, ok := h.tensors[name]
 		if !ok {
-			return nil, fmt.Errorf("%w: tensor %q is missing", ErrMismatch, s.Name)
+			return nil, fmt.Errorf("%w: tensor %q is missing", ErrMismatch, name)
 		}
-		if info.Dtype != dtypeF32 {
-			return nil, fmt.Errorf("%w: tensor %q has dtype %s, want %s", ErrMismatch, s.Name, info.Dtype, dtypeF32)
+		// A table's dtype and shape follow from config.json's table_dtype:
+		// say so, since that is the likelier mistake than the tensor.
+		of := ""
+		if s.table != "" {
+			of = fmt.Sprintf(" (%s says table_dtype %s)", ConfigFile, s.table)
 		}
-		if !sameShape(info.Shape, s.Shape) {
-			return nil, fmt.Errorf("%w: tensor %q has shape %v, want %v", ErrMismatch, s.Name, info.Shape, s.Shape)
+		if info.Dtype != s.dtype {
+			return nil, fmt.Errorf("%w: tensor %q has dtype %s, want %s%s", ErrMismatch, name, info.Dtype, s.dtype, of)
+		}
+		if !sameShape(info.Shape, s.shape) {
+			return nil, fmt.Errorf("%w: tensor %q has shape %v, want %v%s", ErrMismatch, name, info.Shape, s.shape, of)
 		}
 		if len(info.DataOffsets) != 2 {
-			return nil, fmt.Errorf("%w: tensor %q: data_offsets %v is not [begin, end]", ErrCorrupt, s.Name, info.DataOffsets)
+			return nil, fmt.Errorf("%w: tensor %q: data_offsets %v is not [begin, end]", ErrCorrupt, name, info.DataOffsets)
 		}
 		begin, end := info.DataOffsets[0], info.DataOffsets[1]
-		need := s.Elements() * 4
-		if begin < 0 || end < begin || end-begin != need {
-			return nil, fmt.Errorf("%w: tensor %q: data_offsets [%d, %d] hold %d bytes, shape %v of %s needs %d",
-				ErrCorrupt, s.Name, begin, end, end-begin, s.Shape, dtypeF32, need)
+		if begin < 0 || end < begin || end-begin != s.size {
+			return nil, fmt.Errorf("%w: tensor %q: data_offsets [%d, %d] hold %d bytes, shape %v of %s needs %d%s",
+				ErrCorrupt, name, begin, end, end-begin, s.shape, s.dtype, s.size, of)
 		}
 		if end > dataLen {
 			return nil, fmt.Errorf("%w: tensor %q: data_offsets end %d is past the %d-byte data section (truncated file?)",
-				ErrCorrupt, s.Name, end, dataLen)
+				ErrCorrupt, name, end, dataLen)
 		}
-		places[i] = placed{spec: s, begin: begin, end: end}
+		s.begin, s.end = begin, end
+		places[i] = s
 	}
 	byOffset := slices.Clone(places)
 	slices.SortFunc(byOffset, func(a, b placed) int { return cmp.Compare(a.begin, b.begin) })
@@ -268,29 +285,59 @@ func (b *Bundle) Close() error {
 		return nil
 	}
 	m := b.mapping
-	b.mapping, b.tensors = nil, nil
+	b.mapping, b.tensors, b.tables = nil, nil, nil
 	if err := unix.Munmap(m); err != nil {
 		return fmt.Errorf("model: close bundle %s: %w", b.Dir, err)
 	}
 	return nil
 }
 
-// Tensor returns the named tensor as a zero-copy view into the mapping.
+// Tensor returns the named float32 tensor as a zero-copy view into the
+// mapping. The tables of a bundle that is not fp32 are not float32: for
+// them it returns an error wrapping ErrNotFloat32 (read them with
+// TableData).
 func (b *Bundle) Tensor(name string) ([]float32, error) {
 	if b.mapping == nil {
 		return nil, fmt.Errorf("model: tensor %q: %w", name, ErrClosed)
 	}
 	t, ok := b.tensors[name]
 	if !ok {
+		if d := b.Config.TableDtype; d.norm() != DtypeFP32 && slices.ContainsFunc(b.Config.Tables(), func(s ParamSpec) bool { return s.Name == name }) {
+			return nil, fmt.Errorf("model: tensor %q: %w: bundle %s stores its tables as %s rows", name, ErrNotFloat32, b.Dir, d)
+		}
 		return nil, fmt.Errorf("model: tensor %q: %w in bundle %s", name, ErrNoTensor, b.Dir)
 	}
 	return t[:len(t):len(t)], nil
 }
 
-// Table returns embedding table i, row-major [vocab_i, dim]. It panics if i
-// is not a table index or the bundle is closed (programmer errors).
+// Table returns embedding table i of an fp32 bundle, row-major
+// [vocab_i, dim]. It panics if i is not a table index, the tables are not
+// fp32 or the bundle is closed (programmer errors); TableData reads a table
+// at any precision.
 func (b *Bundle) Table(i int) []float32 {
 	return b.mustTensor(TableName(i))
+}
+
+// TableData returns embedding table i as stored: vocab_i rows of
+// Config.TableDtype.RowBytes(dim) bytes each, laid out as Dtype describes,
+// a zero-copy view into the mapping. It panics if i is not a table index
+// or the bundle is closed (programmer errors).
+func (b *Bundle) TableData(i int) []byte {
+	t, err := b.tableData(i)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+func (b *Bundle) tableData(i int) ([]byte, error) {
+	if b.mapping == nil {
+		return nil, fmt.Errorf("model: table %d: %w", i, ErrClosed)
+	}
+	if i < 0 || i >= len(b.tables) {
+		return nil, fmt.Errorf("model: table %d: %w in bundle %s (it has %d tables)", i, ErrNoTensor, b.Dir, len(b.tables))
+	}
+	return b.tables[i], nil
 }
 
 // Param returns the named dense parameter (see Config.DenseParams). It

@@ -105,6 +105,10 @@ type Config struct {
 	// Seed is the exporter seed the weights were generated from (0 when the
 	// bundle came from elsewhere).
 	Seed uint64 `json:"seed"`
+	// TableDtype is the precision the embedding tables are stored in (see
+	// Dtype for the row layouts). A config.json without it was written
+	// before bundles had precisions and holds fp32 tables.
+	TableDtype Dtype `json:"table_dtype"`
 }
 
 // DLRMv2 returns the MLPerf DLRMv2 configuration (the "mlperf" preset) with
@@ -131,6 +135,7 @@ func DLRMv2(maxVocab int) Config {
 		CrossLayers:  NumCrossLayers,
 		CrossRank:    CrossRank,
 		MaxVocabSize: maxVocab,
+		TableDtype:   DtypeFP32,
 	}
 }
 
@@ -169,7 +174,8 @@ func (e *FieldError) Unwrap() error { return ErrInvalidConfig }
 //   - cross_layers: 0..MaxCrossLayers (0 feeds x0 straight to the top MLP);
 //   - cross_rank: 1..MaxLayerWidth when cross_layers > 0; with no cross
 //     layers it is unused and may be 0..MaxLayerWidth;
-//   - all dense parameters together at most MaxDenseParams values.
+//   - all dense parameters together at most MaxDenseParams values;
+//   - table_dtype: one of Dtypes (empty reads as fp32).
 //
 // Every refusal is a *FieldError, wraps ErrInvalidConfig and names the
 // config.json field.
@@ -214,6 +220,9 @@ func (c Config) Validate() error {
 	}
 	if n := c.DenseParamCount(); n > MaxDenseParams {
 		return bad(FieldDense, "bottom_mlp, cross_layers, cross_rank and top_mlp give %d dense parameters, want at most %d", n, MaxDenseParams)
+	}
+	if !c.TableDtype.known() {
+		return bad("table_dtype", "table_dtype is %q, want one of %s", string(c.TableDtype), dtypeList())
 	}
 	return nil
 }
@@ -291,9 +300,9 @@ func (c Config) TotalRows() int64 {
 	return n
 }
 
-// TableBytes is the size of all embedding tables in float32.
+// TableBytes is the size of all embedding tables stored at TableDtype.
 func (c Config) TableBytes() int64 {
-	return c.TotalRows() * int64(c.EmbeddingDim) * 4
+	return c.TotalRows() * int64(c.TableDtype.RowBytes(c.EmbeddingDim))
 }
 
 // ParamSpec names one tensor of the bundle and its shape.
@@ -302,7 +311,8 @@ type ParamSpec struct {
 	Shape []int
 }
 
-// Elements is the number of float32 values in the tensor.
+// Elements is the number of values in the tensor (float32 values, or
+// embedding elements of a table at any precision).
 func (p ParamSpec) Elements() int64 {
 	n := int64(1)
 	for _, d := range p.Shape {

@@ -232,7 +232,7 @@ func TestReferenceWithoutCrossLayers(t *testing.T) {
 			return nil, ErrNoTensor
 		}
 		return p, nil
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

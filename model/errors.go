@@ -14,10 +14,15 @@ var (
 	ErrCorrupt = errors.New("corrupt bundle")
 	// ErrMismatch means model.safetensors is well formed but does not hold
 	// what config.json describes: a tensor is missing or unexpected, or has
-	// the wrong dtype or shape, or the file was exported with another seed.
+	// the wrong dtype, shape or size for its precision (a table stored
+	// otherwise than config.json's table_dtype says), or the file was
+	// exported with another seed.
 	ErrMismatch = errors.New("bundle does not match its config")
 	// ErrNoTensor is returned by Bundle.Tensor for a name the bundle lacks.
 	ErrNoTensor = errors.New("no such tensor")
+	// ErrNotFloat32 is returned by Bundle.Tensor for a table of a bundle
+	// whose tables are stored at another precision than fp32.
+	ErrNotFloat32 = errors.New("tensor is not float32")
 	// ErrClosed is returned when a Bundle is used after Close.
 	ErrClosed = errors.New("bundle closed")
 	// ErrBadInput means inputs handed to the reference forward pass have the

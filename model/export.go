@@ -17,11 +17,16 @@ import (
 
 // exportChunkElems is how many float32 values one export job generates and
 // writes: 4 MiB, big enough that a WriteAt is cheap per byte, small enough
-// that progress moves and cancellation is prompt.
+// that progress moves and cancellation is prompt. It is a multiple of
+// EmbeddingDim, so a chunk of a table is whole rows, which are quantized
+// on their own.
 const exportChunkElems = 1 << 20
 
 // Export writes a bundle of cfg with weights drawn from seed into dir.
-// The same cfg and seed always give byte-identical files. The bundle is
+// The same cfg and seed always give byte-identical files. The tables are
+// stored at cfg.TableDtype: their rows are drawn in float32, the same at
+// every precision, and then quantized row by row (Dtype.QuantizeRow), so
+// the bundles of one seed at every precision are one model. The bundle is
 // written into a temporary directory beside dir and then swapped into place,
 // so a reader never sees a half-written bundle; an existing dir may hold
 // only a previous bundle (config.json, model.safetensors), which is
@@ -42,6 +47,7 @@ func export(ctx context.Context, dir string, cfg Config, seed uint64, progress f
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	cfg.TableDtype = cfg.TableDtype.norm()
 	dir = filepath.Clean(dir)
 	if err := checkReplaceable(dir); err != nil {
 		return err
@@ -100,9 +106,10 @@ func checkReplaceable(dir string) error {
 
 // writeWeights writes model.safetensors: the header, then every tensor
 // generated in exportChunkElems chunks by GOMAXPROCS goroutines, each
-// chunk written in place with WriteAt into a preallocated file.
+// chunk encoded at its tensor's precision and written in place with
+// WriteAt into a preallocated file.
 func writeWeights(ctx context.Context, path string, cfg Config, seed uint64, progress func(done, total int64)) error {
-	places, dataLen := layout(bundleSpecs(cfg))
+	places, dataLen := layout(cfg)
 	header := encodeHeader(places, [][2]string{
 		{"format", FormatName},
 		{"seed", strconv.FormatUint(seed, 10)},
@@ -129,6 +136,8 @@ func writeWeights(ctx context.Context, path string, cfg Config, seed uint64, pro
 	}
 	var jobs []job
 	for i, p := range places {
+		// The stream index is the tensor's place in the bundle at every
+		// precision, so every precision draws the same float32 values.
 		elems := p.spec.Elements()
 		for first := int64(0); first < elems; first += exportChunkElems {
 			jobs = append(jobs, job{i, uint64(first), int(min(exportChunkElems, elems-first))})
@@ -144,16 +153,16 @@ func writeWeights(ctx context.Context, path string, cfg Config, seed uint64, pro
 	for range runtime.GOMAXPROCS(0) {
 		wg.Go(func() {
 			vals := make([]float32, exportChunkElems)
-			buf := make([]byte, 4*exportChunkElems)
+			buf := make([]byte, 4*exportChunkElems) // float32 is the widest row
 			for j := range jobCh {
 				p := places[j.tensor]
 				s := newStream(seed, domainWeights, uint64(j.tensor))
 				s.uniformFill(vals[:j.n], j.first, initBound(p.spec))
-				for k, v := range vals[:j.n] {
-					binary.LittleEndian.PutUint32(buf[4*k:], math.Float32bits(v))
+				chunk, at, err := encodeChunk(buf, vals[:j.n], p, j.first, cfg.EmbeddingDim)
+				if err == nil {
+					_, err = f.WriteAt(chunk, dataStart+p.begin+at)
 				}
-				off := dataStart + p.begin + 4*int64(j.first)
-				if _, err := f.WriteAt(buf[:4*j.n], off); err != nil {
+				if err != nil {
 					select {
 					case errCh <- err:
 					default:
@@ -162,7 +171,7 @@ func writeWeights(ctx context.Context, path string, cfg Config, seed uint64, pro
 					return
 				}
 				select {
-				case doneCh <- int64(4 * j.n):
+				case doneCh <- int64(len(chunk)):
 				case <-ctx.Done():
 					return
 				}
@@ -209,6 +218,26 @@ func writeWeights(ctx context.Context, path string, cfg Config, seed uint64, pro
 		return err
 	}
 	return f.Close()
+}
+
+// encodeChunk encodes vals, elements first.. of tensor p, into buf at p's
+// precision and returns the bytes and their offset within the tensor. A
+// table chunk is whole rows (exportChunkElems is a multiple of dim).
+func encodeChunk(buf []byte, vals []float32, p placed, first uint64, dim int) ([]byte, int64, error) {
+	if p.table == "" || p.table == DtypeFP32 {
+		for k, v := range vals {
+			binary.LittleEndian.PutUint32(buf[4*k:], math.Float32bits(v))
+		}
+		return buf[:4*len(vals)], 4 * int64(first), nil
+	}
+	rb := p.table.RowBytes(dim)
+	rows := len(vals) / dim
+	for r := range rows {
+		if err := p.table.QuantizeRow(buf[r*rb:(r+1)*rb], vals[r*dim:(r+1)*dim]); err != nil {
+			return nil, 0, fmt.Errorf("tensor %q row %d: %w", p.spec.Name, int(first)/dim+r, err)
+		}
+	}
+	return buf[:rows*rb], int64(first) / int64(dim) * int64(rb), nil
 }
 
 // writeFileSync writes a small file and flushes it to disk before the

@@ -14,15 +14,18 @@ import (
 const refBlock = 8
 
 // Reference is the plain-Go forward pass every serving path is checked
-// against: float64 arithmetic throughout, rounded to float32 only where an
-// output is stored, with no code shared with the PJRT program. Each output
-// is summed in a fixed order, so a score does not depend on the batch it was
-// computed in or on the number of goroutines. It reads the weights in place
-// from its Bundle, which must stay open while the Reference is used. It is
-// safe for concurrent use.
+// against, with no code shared with the PJRT program. Pool defines the
+// pooled vectors exactly as the embedder computes them (float32 sums of
+// the dequantized rows, see Pool); the dense network runs in float64
+// arithmetic throughout, rounded to float32 only where an output is
+// stored. Each output is summed in a fixed order, so a score does not
+// depend on the batch it was computed in or on the number of goroutines.
+// It reads the weights in place from its Bundle, which must stay open
+// while the Reference is used. It is safe for concurrent use.
 type Reference struct {
 	cfg    Config
-	tables [][]float32
+	tables [][]float32 // fp32 tables; nil at other precisions
+	rows   [][]byte    // the stored rows of tables at other precisions
 	bottom []denseLayer
 	cross  []crossLayer
 	top    []denseLayer
@@ -42,7 +45,7 @@ type crossLayer struct {
 
 // NewReference builds the reference forward pass over b's weights.
 func NewReference(b *Bundle) (*Reference, error) {
-	r, err := newReference(b.Config, b.Tensor)
+	r, err := newReference(b.Config, b.Tensor, b.tableData)
 	if err != nil {
 		return nil, fmt.Errorf("model: reference for %s: %w", b.Dir, err)
 	}
@@ -51,8 +54,10 @@ func NewReference(b *Bundle) (*Reference, error) {
 
 // newReference builds a Reference for any cfg whose widths are consistent,
 // including tiny ones that Config.Validate would refuse, so the layer
-// arithmetic can be tested by hand; tensor supplies each parameter.
-func newReference(cfg Config, tensor func(string) ([]float32, error)) (*Reference, error) {
+// arithmetic can be tested by hand; tensor supplies each float32 tensor and
+// table (only called when cfg.TableDtype is not fp32) each table's stored
+// rows.
+func newReference(cfg Config, tensor func(string) ([]float32, error), table func(int) ([]byte, error)) (*Reference, error) {
 	get := func(s ParamSpec) ([]float32, error) {
 		t, err := tensor(s.Name)
 		if err != nil {
@@ -64,12 +69,24 @@ func newReference(cfg Config, tensor func(string) ([]float32, error)) (*Referenc
 		return t, nil
 	}
 	r := &Reference{cfg: cfg}
-	for _, s := range cfg.Tables() {
-		t, err := get(s)
+	d := cfg.TableDtype.norm()
+	for i, s := range cfg.Tables() {
+		if d == DtypeFP32 {
+			t, err := get(s)
+			if err != nil {
+				return nil, err
+			}
+			r.tables = append(r.tables, t)
+			continue
+		}
+		raw, err := table(i)
 		if err != nil {
 			return nil, err
 		}
-		r.tables = append(r.tables, t)
+		if need := int64(s.Shape[0]) * int64(d.RowBytes(s.Shape[1])); int64(len(raw)) != need {
+			return nil, fmt.Errorf("%w: table %q has %d bytes, %d %s rows need %d", ErrMismatch, s.Name, len(raw), s.Shape[0], d, need)
+		}
+		r.rows = append(r.rows, raw)
 	}
 	params := cfg.DenseParams()
 	next := func() (ParamSpec, []float32, error) {
@@ -124,11 +141,13 @@ func newReference(cfg Config, tensor func(string) ([]float32, error)) (*Referenc
 	return r, nil
 }
 
-// Pool sum-pools each example's bags into pooled, [n, tables, dim] float32:
-// rows are summed in float64 in bag order and the sum stored as float32.
-// sparse holds n*SparseWidth ids laid out as RandomInputs makes them. An id
-// outside its table is an error naming the example and the table; pooled is
-// then partly written.
+// Pool sum-pools each example's bags into pooled, [n, tables, dim] float32.
+// It is the definition the embedder's lookup kernels are held to bit for
+// bit: each row is dequantized to float32 as Dtype documents (fp32 rows as
+// they are), and a bag's rows are summed in float32 in bag order, starting
+// from the first row. sparse holds n*SparseWidth ids laid out as
+// RandomInputs makes them. An id outside its table is an error naming the
+// example and the table; pooled is then partly written.
 func (r *Reference) Pool(sparse []int32, n int, pooled []float32) error {
 	cfg := r.cfg
 	width, dim, tables := cfg.SparseWidth(), cfg.EmbeddingDim, len(cfg.VocabSizes)
@@ -136,26 +155,32 @@ func (r *Reference) Pool(sparse []int32, n int, pooled []float32) error {
 		return fmt.Errorf("model: pool: %w: %d examples need %d ids and %d pooled values, got %d and %d",
 			ErrBadInput, n, n*width, n*tables*dim, len(sparse), len(pooled))
 	}
-	acc := make([]float64, dim)
+	d, rb := r.cfg.TableDtype, r.cfg.TableDtype.RowBytes(dim)
+	deq := make([]float32, dim)
 	for e := range n {
 		ids := sparse[e*width : (e+1)*width]
 		for t, h := range cfg.Hotness {
-			clear(acc)
-			table, vocab := r.tables[t], cfg.VocabSizes[t]
-			for _, id := range ids[:h] {
+			vocab := cfg.VocabSizes[t]
+			out := pooled[(e*tables+t)*dim : (e*tables+t+1)*dim]
+			for k, id := range ids[:h] {
 				if id < 0 || int(id) >= vocab {
 					return fmt.Errorf("model: pool: %w: example %d table %d: id %d outside [0, %d)", ErrBadInput, e, t, id, vocab)
 				}
-				row := table[int(id)*dim : (int(id)+1)*dim]
+				row := deq
+				if r.tables != nil {
+					row = r.tables[t][int(id)*dim : (int(id)+1)*dim]
+				} else {
+					d.DequantizeRow(deq, r.rows[t][int(id)*rb:(int(id)+1)*rb])
+				}
+				if k == 0 {
+					copy(out, row)
+					continue
+				}
 				for j, v := range row {
-					acc[j] += float64(v)
+					out[j] += v
 				}
 			}
 			ids = ids[h:]
-			out := pooled[(e*tables+t)*dim : (e*tables+t+1)*dim]
-			for j, v := range acc {
-				out[j] = float32(v)
-			}
 		}
 	}
 	return nil

@@ -42,7 +42,7 @@ func tinyReference(t *testing.T) *Reference {
 			return nil, fmt.Errorf("%w: %s", ErrNoTensor, name)
 		}
 		return p, nil
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestReferenceRejectsBadInput(t *testing.T) {
 func TestNewReferenceChecksSizes(t *testing.T) {
 	_, err := newReference(tinyConfig(), func(name string) ([]float32, error) {
 		return make([]float32, 1), nil
-	})
+	}, nil)
 	if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), `"embedding.0.weight" has 1 values`) {
 		t.Errorf("newReference with short tensors = %v", err)
 	}
@@ -178,31 +178,41 @@ func TestMatmul(t *testing.T) {
 	}
 }
 
-func TestReferencePoolMatchesNaive(t *testing.T) {
-	b := openT(t, exportDev(t, 1))
+// referencePool pools n examples of RandomInputs(seed) with b's
+// reference and returns their ids and the pooled rows.
+func referencePool(t *testing.T, b *Bundle, seed uint64, n int) ([]int32, []float32) {
+	t.Helper()
 	r, err := NewReference(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := b.Config
-	const n = 16
-	_, sparse := RandomInputs(cfg, 5, n)
+	_, sparse := RandomInputs(b.Config, seed, n)
 	pooled := make([]float32, n*NumTables*EmbeddingDim)
 	if err := r.Pool(sparse, n, pooled); err != nil {
 		t.Fatal(err)
 	}
+	return sparse, pooled
+}
+
+func TestReferencePoolMatchesNaive(t *testing.T) {
+	b := openT(t, exportDev(t, 1))
+	cfg := b.Config
+	const n = 16
+	sparse, pooled := referencePool(t, b, 5, n)
 	off := cfg.HotnessOffsets()
 	for e := range n {
 		for tb := range NumTables {
 			table := b.Table(tb)
 			for j := range EmbeddingDim {
-				var sum float64
-				for k := range cfg.Hotness[tb] {
+				// float32 in bag order: the embedder's arithmetic, which
+				// Pool defines bit for bit.
+				sum := table[int(sparse[e*cfg.SparseWidth()+off[tb]])*EmbeddingDim+j]
+				for k := 1; k < cfg.Hotness[tb]; k++ {
 					id := sparse[e*cfg.SparseWidth()+off[tb]+k]
-					sum += float64(table[int(id)*EmbeddingDim+j])
+					sum += table[int(id)*EmbeddingDim+j]
 				}
-				if got := pooled[(e*NumTables+tb)*EmbeddingDim+j]; got != float32(sum) {
-					t.Fatalf("pooled[%d][%d][%d] = %v, want %v", e, tb, j, got, float32(sum))
+				if got := pooled[(e*NumTables+tb)*EmbeddingDim+j]; math.Float32bits(got) != math.Float32bits(sum) {
+					t.Fatalf("pooled[%d][%d][%d] = %v, want %v", e, tb, j, got, sum)
 				}
 			}
 		}

@@ -19,11 +19,15 @@ import (
 //	offset 8+N       the data section; data_offsets are relative to its start
 //
 // Tensors are written contiguously in bundle order (tables, then dense
-// parameters in execution order). Every DLRMv2 tensor but the last (the
-// 4-byte final bias) is a multiple of dataAlign bytes long, so contiguous
-// tensors all start dataAlign-aligned with no gaps; gaps would make the
-// file unreadable by the reference safetensors implementation, which
-// requires data_offsets to tile the data section exactly.
+// parameters in execution order), with no gaps: gaps would make the file
+// unreadable by the reference safetensors implementation, which requires
+// data_offsets to tile the data section exactly. In an fp32 or fp16 bundle
+// every tensor but the last (the 4-byte final bias) is a multiple of
+// dataAlign bytes long, so every tensor starts dataAlign-aligned. An int8
+// or int4 table is vocab×136 or vocab×68 bytes (see Dtype), so the tensors
+// after it start only 8- or 4-byte aligned: enough for the float32 views
+// of the dense parameters, and the embedder copies the tables into its own
+// cache-line-aligned memory anyway.
 const (
 	// headerLenBytes is the size of the little-endian header length prefix.
 	headerLenBytes = 8
@@ -33,8 +37,12 @@ const (
 	// maxHeaderBytes bounds the JSON header (the reference implementation
 	// uses the same limit), so a corrupt length cannot make us parse GBs.
 	maxHeaderBytes = 100_000_000
-	// dtypeF32 is the only dtype a recmesh bundle holds.
+	// dtypeF32 is the dtype of the dense parameters and of fp32 tables;
+	// dtypeF16 that of fp16 tables; dtypeU8 that of int8 and int4 tables,
+	// whose rows are fused bytes (values, scale, bias: see Dtype).
 	dtypeF32 = "F32"
+	dtypeF16 = "F16"
+	dtypeU8  = "U8"
 	// metadataKey is the reserved header key for free-form string metadata.
 	metadataKey = "__metadata__"
 	// FormatName is the "format" metadata value of bundles Export writes.
@@ -48,9 +56,16 @@ type tensorInfo struct {
 	DataOffsets []int64 `json:"data_offsets"`
 }
 
-// placed is a tensor with its byte range within the data section.
+// placed is a tensor as model.safetensors stores it, with its byte range
+// within the data section.
 type placed struct {
-	spec       ParamSpec
+	spec ParamSpec // the logical tensor: its name and shape in values
+	// table is the precision of an embedding table ("" for a dense
+	// parameter, which is always float32).
+	table      Dtype
+	dtype      string // safetensors dtype
+	shape      []int  // safetensors shape
+	size       int64  // bytes
 	begin, end int64
 }
 
@@ -60,15 +75,33 @@ func bundleSpecs(cfg Config) []ParamSpec {
 	return append(cfg.Tables(), cfg.DenseParams()...)
 }
 
-// layout places specs back to back from offset 0 of the data section and
-// returns the placements and the data section length.
-func layout(specs []ParamSpec) ([]placed, int64) {
+// storedSpecs lists every tensor of a bundle in file order as it is
+// stored: the tables at cfg.TableDtype, the dense parameters in float32.
+// begin and end are left 0.
+func storedSpecs(cfg Config) []placed {
+	specs := bundleSpecs(cfg)
 	out := make([]placed, len(specs))
-	var off int64
 	for i, s := range specs {
-		n := s.Elements() * 4
-		out[i] = placed{spec: s, begin: off, end: off + n}
-		off += n
+		if i < len(cfg.VocabSizes) {
+			d := cfg.TableDtype.norm()
+			vocab := s.Shape[0]
+			out[i] = placed{spec: s, table: d, dtype: d.tensorDtype(), shape: d.tensorShape(vocab, cfg.EmbeddingDim),
+				size: int64(vocab) * int64(d.RowBytes(cfg.EmbeddingDim))}
+			continue
+		}
+		out[i] = placed{spec: s, dtype: dtypeF32, shape: s.Shape, size: s.Elements() * 4}
+	}
+	return out
+}
+
+// layout places cfg's tensors back to back from offset 0 of the data
+// section and returns the placements and the data section length.
+func layout(cfg Config) ([]placed, int64) {
+	out := storedSpecs(cfg)
+	var off int64
+	for i := range out {
+		out[i].begin, out[i].end = off, off+out[i].size
+		off += out[i].size
 	}
 	return out, off
 }
@@ -98,8 +131,8 @@ func encodeHeader(tensors []placed, meta [][2]string) []byte {
 			js.WriteByte(',')
 		}
 		writeJSONString(&js, t.spec.Name)
-		js.WriteString(`:{"dtype":"F32","shape":[`)
-		for j, d := range t.spec.Shape {
+		fmt.Fprintf(&js, `:{"dtype":%q,"shape":[`, t.dtype)
+		for j, d := range t.shape {
 			if j > 0 {
 				js.WriteByte(',')
 			}

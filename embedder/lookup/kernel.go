@@ -3,6 +3,8 @@ package lookup
 import (
 	"fmt"
 	"strings"
+
+	"github.com/recmesh/recmesh/model"
 )
 
 // kernel names one implementation of the pooling loop.
@@ -29,12 +31,25 @@ func (k kernel) String() string {
 // best returns the fastest kernel this CPU runs.
 func best() kernel { return supported()[0] }
 
-// Kernel returns the name of the kernel NewTables selects on this CPU:
-// "avx512", "avx2" or "generic".
+// supportedFor lists the kernels this CPU runs for tables stored at d,
+// fastest first: the assembly kernels are written for fp32 rows only, so
+// every other precision has the plain-Go kernel alone for now.
+func supportedFor(d model.Dtype) []kernel {
+	if d.String() != string(model.DtypeFP32) {
+		return []kernel{kernelGeneric}
+	}
+	return supported()
+}
+
+// bestFor returns the fastest kernel this CPU runs for tables stored at d.
+func bestFor(d model.Dtype) kernel { return supportedFor(d)[0] }
+
+// Kernel returns the name of the kernel NewTables selects on this CPU for
+// fp32 tables: "avx512", "avx2" or "generic".
 func Kernel() string { return best().String() }
 
-// Kernels lists the names of the kernels this CPU (and build) can run,
-// fastest first; "generic" is always last.
+// Kernels lists the names of the kernels this CPU (and build) can run for
+// fp32 tables, fastest first; "generic" is always last.
 func Kernels() []string {
 	var names []string
 	for _, k := range supported() {
@@ -46,14 +61,25 @@ func Kernels() []string {
 // Kernel returns the name of the kernel t pools with.
 func (t *Tables) Kernel() string { return t.kernel.String() }
 
-// SetKernel makes t pool with the named kernel, one of Kernels(). Tests
+// Kernels lists the names of the kernels this CPU (and build) can run for
+// t's precision, fastest first; "generic" is always last.
+func (t *Tables) Kernels() []string {
+	var names []string
+	for _, k := range supportedFor(t.dtype) {
+		names = append(names, k.String())
+	}
+	return names
+}
+
+// SetKernel makes t pool with the named kernel, one of t.Kernels(). Tests
 // and benchmarks use it to compare kernels on one machine.
 func (t *Tables) SetKernel(name string) error {
-	for _, k := range supported() {
+	for _, k := range supportedFor(t.dtype) {
 		if k.String() == name {
 			t.kernel = k
 			return nil
 		}
 	}
-	return fmt.Errorf("lookup: kernel %q not available on this machine (have %s)", name, strings.Join(Kernels(), ", "))
+	return fmt.Errorf("lookup: kernel %q not available for %s tables on this machine (have %s)",
+		name, t.dtype, strings.Join(t.Kernels(), ", "))
 }

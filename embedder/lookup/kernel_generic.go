@@ -4,7 +4,12 @@ package lookup
 // tested against, and the kernel of builds without assembly. Each pooled
 // row starts as a copy of the bag's first row and adds the others in bag
 // order; the assembly kernels keep that order so results are bit-identical.
+// Tables at other precisions than fp32 go to poolDequant.
 func poolGeneric(t *Tables, out []float32, ids []int32, n int) {
+	if t.rows == nil {
+		poolDequant(t, out, ids, n)
+		return
+	}
 	k, o := 0, 0
 	for range n {
 		for i, h := range t.hot {

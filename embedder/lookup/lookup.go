@@ -13,6 +13,14 @@
 //
 // Every kernel adds a bag's rows in bag order, starting from the first row,
 // so all of them give bit-identical results.
+//
+// Tables may be stored at any model.Dtype precision (fp32, fp16, int8,
+// int4; the row layouts are documented there). A kernel dequantizes each
+// row to float32 as model.Dtype defines and adds in float32, so the pooled
+// rows are float32 at every precision and equal model.Reference.Pool's bit
+// for bit. The assembly kernels are fp32 only for now; the other
+// precisions are pooled by the plain-Go kernels of dequant.go, which define
+// their result.
 package lookup
 
 import (
@@ -20,6 +28,8 @@ import (
 	"fmt"
 	"math"
 	"unsafe"
+
+	"github.com/recmesh/recmesh/model"
 )
 
 // Dim is the width of an embedding row in float32, model.EmbeddingDim. The
@@ -57,15 +67,18 @@ func (e *IDError) Unwrap() error { return ErrBadID }
 // called from many goroutines at once; SetKernel and SetPrefetchRows must
 // not run concurrently with pooling.
 type Tables struct {
-	rows    [][]float32
-	hot     []int // bag size per table, each >= 1
-	offsets []int // where each table's bag starts within an example
-	width   int   // ids per example: the sum of hot
+	dtype   model.Dtype
+	rowB    int         // bytes per stored row: dtype.RowBytes(Dim)
+	raw     [][]byte    // every table's stored rows
+	rows    [][]float32 // fp32 tables as float32 (nil at other precisions)
+	hot     []int       // bag size per table, each >= 1
+	offsets []int       // where each table's bag starts within an example
+	width   int         // ids per example: the sum of hot
 
 	// Per-table and per-position views for the kernels. bases and pos hold
 	// unsafe.Pointers (not uintptrs) so tables on the Go heap stay alive
 	// and visible to the garbage collector while Tables exists.
-	bases []unsafe.Pointer // bases[t] = &rows[t][0]
+	bases []unsafe.Pointer // bases[t] = &raw[t][0]
 	pos   []unsafe.Pointer // pos[p] = bases[table of position p]
 	limit []uint32         // limit[p] = vocab of the table of position p
 
@@ -73,56 +86,90 @@ type Tables struct {
 	dist   int
 }
 
-// NewTables checks and wraps tables: data[t] holds table t row-major
+// NewTables checks and wraps fp32 tables: data[t] holds table t row-major
 // (vocab_t rows of Dim float32) and hotness[t] is the fixed bag size of
 // table t. The tables are not copied; the caller must keep them unchanged
 // while Tables is in use. The kernel is the best one this CPU runs
 // (Kernel()).
 func NewTables(data [][]float32, hotness []int) (*Tables, error) {
-	if len(data) == 0 || len(data) != len(hotness) {
-		return nil, fmt.Errorf("lookup: %d tables with %d hotness values", len(data), len(hotness))
-	}
-	t := &Tables{
-		rows:    append([][]float32(nil), data...),
-		hot:     append([]int(nil), hotness...),
-		offsets: make([]int, len(data)),
-		bases:   make([]unsafe.Pointer, len(data)),
-		kernel:  best(),
-		dist:    DefaultPrefetchRows,
-	}
+	raw := make([][]byte, len(data))
 	for i, d := range data {
 		if len(d) == 0 || len(d)%Dim != 0 {
 			return nil, fmt.Errorf("lookup: table %d has %d floats, want a positive multiple of %d", i, len(d), Dim)
 		}
-		if len(d)/Dim > math.MaxInt32 {
-			return nil, fmt.Errorf("lookup: table %d has %d rows, more than int32 ids can name", i, len(d)/Dim)
+		raw[i] = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(d))), 4*len(d))
+	}
+	return NewTablesOf(model.DtypeFP32, raw, hotness)
+}
+
+// NewTablesOf checks and wraps tables stored at precision dtype: data[t]
+// holds table t's rows as model.Dtype lays them out (vocab_t rows of
+// dtype.RowBytes(Dim) bytes; an fp32 table 4-byte aligned) and hotness[t]
+// is the fixed bag size of table t. The tables are not copied; the caller
+// must keep them unchanged while Tables is in use. The kernel is the best
+// one this CPU runs at that precision: the assembly for fp32, the plain-Go
+// kernel for the others until they have assembly of their own.
+func NewTablesOf(dtype model.Dtype, data [][]byte, hotness []int) (*Tables, error) {
+	if _, err := model.ParseDtype(dtype.String()); err != nil {
+		return nil, fmt.Errorf("lookup: %w", err)
+	}
+	if len(data) == 0 || len(data) != len(hotness) {
+		return nil, fmt.Errorf("lookup: %d tables with %d hotness values", len(data), len(hotness))
+	}
+	dtype = model.Dtype(dtype.String())
+	t := &Tables{
+		dtype:   dtype,
+		rowB:    dtype.RowBytes(Dim),
+		raw:     append([][]byte(nil), data...),
+		hot:     append([]int(nil), hotness...),
+		offsets: make([]int, len(data)),
+		bases:   make([]unsafe.Pointer, len(data)),
+		kernel:  bestFor(dtype),
+		dist:    DefaultPrefetchRows,
+	}
+	for i, d := range data {
+		if len(d) == 0 || len(d)%t.rowB != 0 {
+			return nil, fmt.Errorf("lookup: %s table %d has %d bytes, want a positive multiple of the %d-byte row", dtype, i, len(d), t.rowB)
+		}
+		if len(d)/t.rowB > math.MaxInt32 {
+			return nil, fmt.Errorf("lookup: table %d has %d rows, more than int32 ids can name", i, len(d)/t.rowB)
 		}
 		if hotness[i] < 1 {
 			return nil, fmt.Errorf("lookup: table %d has hotness %d, want >= 1", i, hotness[i])
 		}
+		p := unsafe.Pointer(unsafe.SliceData(d))
+		if dtype == model.DtypeFP32 {
+			if uintptr(p)%4 != 0 {
+				return nil, fmt.Errorf("lookup: fp32 table %d at address %#x is not 4-byte aligned", i, uintptr(p))
+			}
+			t.rows = append(t.rows, unsafe.Slice((*float32)(p), len(d)/4))
+		}
 		t.offsets[i] = t.width
 		t.width += hotness[i]
-		t.bases[i] = unsafe.Pointer(unsafe.SliceData(d))
+		t.bases[i] = p
 	}
 	t.pos = make([]unsafe.Pointer, 0, t.width)
 	t.limit = make([]uint32, 0, t.width)
 	for i, h := range hotness {
 		for range h {
 			t.pos = append(t.pos, t.bases[i])
-			t.limit = append(t.limit, uint32(len(data[i])/Dim))
+			t.limit = append(t.limit, uint32(len(data[i])/t.rowB))
 		}
 	}
 	return t, nil
 }
 
+// Dtype returns the precision the tables are stored at.
+func (t *Tables) Dtype() model.Dtype { return t.dtype }
+
 // NumTables returns the number of tables: pooled rows per example.
-func (t *Tables) NumTables() int { return len(t.rows) }
+func (t *Tables) NumTables() int { return len(t.raw) }
 
 // Width returns the number of ids per example (the sum of the hotness).
 func (t *Tables) Width() int { return t.width }
 
 // Vocab returns the number of rows of table i.
-func (t *Tables) Vocab(i int) int { return len(t.rows[i]) / Dim }
+func (t *Tables) Vocab(i int) int { return len(t.raw[i]) / t.rowB }
 
 // Hotness returns the bag size of table i.
 func (t *Tables) Hotness(i int) int { return t.hot[i] }
@@ -131,7 +178,7 @@ func (t *Tables) Hotness(i int) int { return t.hot[i] }
 func (t *Tables) Offset(i int) int { return t.offsets[i] }
 
 // OutLen returns the length Pool needs of out for n examples.
-func (t *Tables) OutLen(n int) int { return n * len(t.rows) * Dim }
+func (t *Tables) OutLen(n int) int { return n * len(t.raw) * Dim }
 
 // SetPrefetchRows sets how many rows ahead the amd64 kernels prefetch
 // (0 switches software prefetch off). It exists for tuning and benchmarks.
@@ -226,7 +273,7 @@ func (t *Tables) PoolEach(out []float32, ids []int32, n int, status []int32) (in
 	if len(status) < n {
 		return 0, fmt.Errorf("lookup: status holds %d entries for %d examples", len(status), n)
 	}
-	w, rowsPer := t.width, len(t.rows)*Dim
+	w, rowsPer := t.width, len(t.raw)*Dim
 	bad, start := 0, 0
 	for e := range n {
 		ex := ids[e*w : e*w+w]
@@ -255,7 +302,7 @@ const chunkExamples = 16
 
 // run pools n checked examples with the selected kernel.
 func (t *Tables) run(out []float32, ids []int32, n int) {
-	rowsPer := len(t.rows) * Dim
+	rowsPer := len(t.raw) * Dim
 	for start := 0; start < n; start += chunkExamples {
 		m := min(chunkExamples, n-start)
 		t.kernel.pool(t, out[start*rowsPer:], ids[start*t.width:], m)

@@ -21,6 +21,8 @@ const (
 	defaultExportSeed     = 1
 	defaultExportOut      = model.DefaultDevBundle
 	defaultExportPreset   = model.PresetMLPerf
+	// defaultExportDtype is the published benchmark's table precision.
+	defaultExportDtype = model.DtypeFP32
 )
 
 func init() {
@@ -49,6 +51,9 @@ func runExport(ctx context.Context, e *env, args []string) error {
 	preset := fs.String("preset", defaultExportPreset,
 		"dense network to start from: `name` mlperf (the MLPerf DLRMv2 model) or hostbound\n"+
 			"(the same tables and ids, the smallest dense network: bottom 128, no cross layers, top 1)")
+	tableDtype := fs.String("table-dtype", string(defaultExportDtype),
+		"`precision` of the embedding tables: fp32, fp16 (IEEE half), int8 or int4 (row-wise scale and bias,\n"+
+			"as FBGEMM quantizes; row layouts in docs/design.md); every precision of one seed is the same model")
 	var bottom, top widthsFlag
 	var layers, rank optionalInt
 	fs.Var(&bottom, "bottom-mlp", "bottom MLP output `widths`, comma-separated, the last 128 (default: the preset's)")
@@ -65,10 +70,16 @@ func runExport(ctx context.Context, e *env, args []string) error {
 		return usagef("-out is empty; want a directory")
 	}
 
+	dtype, err := model.ParseDtype(*tableDtype)
+	if err != nil {
+		return usagef("-table-dtype: %v", err)
+	}
+
 	cfg, err := model.Preset(*preset, *maxVocab)
 	if err != nil {
 		return usagef("-preset %q: want %s", *preset, strings.Join(model.PresetNames(), " or "))
 	}
+	cfg.TableDtype = dtype
 	base := cfg
 	if bottom.set {
 		cfg.BottomMLP = bottom.widths
@@ -124,8 +135,8 @@ func runExport(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stderr, "export: wrote %s (model=%s, rows=%d, bytes=%d, %.1fs)\n",
-		*out, cfg.Name, cfg.TotalRows(), written, time.Since(start).Seconds())
+	fmt.Fprintf(e.stderr, "export: wrote %s (model=%s, table_dtype=%s, rows=%d, bytes=%d, %.1fs)\n",
+		*out, cfg.Name, cfg.TableDtype, cfg.TotalRows(), written, time.Since(start).Seconds())
 	return nil
 }
 

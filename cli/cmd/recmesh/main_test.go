@@ -65,6 +65,9 @@ func TestExportBadInput(t *testing.T) {
 		{map[string]string{"RECMESH_SEED": "1.5"}, nil, "RECMESH_SEED (flag -seed)"},
 		{nil, []string{"--preset", "huge"}, `-preset "huge": want mlperf or hostbound`},
 		{map[string]string{"RECMESH_PRESET": "tiny"}, nil, `-preset "tiny"`},
+		{nil, []string{"--table-dtype", "int2"}, `-table-dtype: table dtype "int2" is not one of fp32, fp16, int8, int4`},
+		{nil, []string{"--table-dtype", ""}, `-table-dtype: table dtype ""`},
+		{map[string]string{"RECMESH_TABLE_DTYPE": "bf16"}, nil, `table dtype "bf16"`},
 		{nil, []string{"--bottom-mlp", "512,x,128"}, `invalid value "512,x,128" for flag -bottom-mlp: width 1 is "x"`},
 		{nil, []string{"--bottom-mlp", ""}, `flag -bottom-mlp: width 0 is ""`},
 		{nil, []string{"--bottom-mlp", "512,0,128"}, `flag -bottom-mlp: width 1 is "0"`},
@@ -100,7 +103,7 @@ func TestExport(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	summary := regexp.MustCompile(`^export: wrote \S+/bundle \(model=dlrm-dcnv2, rows=\d+, bytes=\d+, \d+\.\ds\)\n$`)
+	summary := regexp.MustCompile(`^export: wrote \S+/bundle \(model=dlrm-dcnv2, table_dtype=fp32, rows=\d+, bytes=\d+, \d+\.\ds\)\n$`)
 	if stdout != "" || !summary.MatchString(stderr) {
 		t.Errorf("stdout %q, stderr %q; want one summary line on stderr", stdout, stderr)
 	}

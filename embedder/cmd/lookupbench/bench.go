@@ -44,6 +44,7 @@ type Options struct {
 // Result is what one run measured; the NumPy baseline reads it back (JSON)
 // to print the comparison line.
 type Result struct {
+	Dtype              string  `json:"dtype"`
 	Kernel             string  `json:"kernel"`
 	PrefetchRows       int     `json:"prefetch_rows"`
 	Batch              int     `json:"batch"`
@@ -78,10 +79,11 @@ func Run(opts Options, log io.Writer) (Result, error) {
 		fmt.Fprintf(log, "lookupbench: fell back: %v\n", why)
 	}
 
-	t, err := lookup.NewTables(tables, cfg.Hotness)
+	t, err := lookup.NewTablesOf(cfg.TableDtype, tables, cfg.Hotness)
 	if err != nil {
 		return res, err
 	}
+	res.Dtype = cfg.TableDtype.String()
 	if opts.Kernel != "" {
 		if err := t.SetKernel(opts.Kernel); err != nil {
 			return res, err
@@ -124,22 +126,22 @@ func Run(opts Options, log io.Writer) (Result, error) {
 	return res, nil
 }
 
-// loadTables opens the bundle, copies every table into one huge page
-// region laid out by lookup.LayoutTables, and closes the bundle so only the
-// private copy stays mapped.
-func loadTables(dir string, log io.Writer) ([][]float32, *hugepage.Region, model.Config, error) {
+// loadTables opens the bundle, copies every table, at the bundle's
+// precision, into one huge page region laid out by lookup.LayoutTablesOf,
+// and closes the bundle so only the private copy stays mapped.
+func loadTables(dir string, log io.Writer) ([][]byte, *hugepage.Region, model.Config, error) {
 	b, err := model.Open(dir)
 	if err != nil {
 		return nil, nil, model.Config{}, err
 	}
 	defer b.Close()
 	cfg := b.Config
-	size := lookup.TableBytes(cfg.VocabSizes)
+	size := lookup.TableBytesOf(cfg.TableDtype, cfg.VocabSizes)
 	region, err := hugepage.Map(size, hugepage.Options{Populate: true})
 	if err != nil {
 		return nil, nil, cfg, err
 	}
-	tables, err := lookup.LayoutTables(region.Bytes(), cfg.VocabSizes)
+	tables, err := lookup.LayoutTablesOf(cfg.TableDtype, region.Bytes(), cfg.VocabSizes)
 	if err != nil {
 		region.Close()
 		return nil, nil, cfg, err
@@ -150,7 +152,7 @@ func loadTables(dir string, log io.Writer) ([][]float32, *hugepage.Region, model
 	}
 	start := time.Now()
 	for i := range tables {
-		copy(tables[i], b.Table(i))
+		copy(tables[i], b.TableData(i))
 	}
 	fmt.Fprintf(log, "lookupbench: copied %d tables (%d bytes) from %s in %v\n",
 		len(tables), size, dir, time.Since(start).Round(time.Millisecond))
@@ -215,8 +217,8 @@ func measure(t *lookup.Tables, out []float32, ids []int32, opts Options, res *Re
 	}
 	res.ExamplesPerCoreSec = float64(examples) / res.CPUSeconds
 	res.ExamplesPerWallSec = float64(examples) / res.WallSeconds
-	fmt.Fprintf(log, "lookupbench: %s kernel, prefetch %d rows, B=%d on cpu %d: %d examples in %.2fs cpu / %.2fs wall: %.0f examples per core-second (%.2f µs per example)\n",
-		res.Kernel, res.PrefetchRows, opts.Batch, cpu, examples, res.CPUSeconds, res.WallSeconds,
+	fmt.Fprintf(log, "lookupbench: %s tables, %s kernel, prefetch %d rows, B=%d on cpu %d: %d examples in %.2fs cpu / %.2fs wall: %.0f examples per core-second (%.2f µs per example)\n",
+		res.Dtype, res.Kernel, res.PrefetchRows, opts.Batch, cpu, examples, res.CPUSeconds, res.WallSeconds,
 		res.ExamplesPerCoreSec, 1e6/res.ExamplesPerCoreSec)
 	return nil
 }
