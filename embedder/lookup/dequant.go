@@ -8,8 +8,8 @@ import (
 )
 
 // The plain-Go dequantize-and-pool kernels of the fp16, int8 and int4
-// tables: the definition the assembly kernels of those precisions will be
-// held to bit for bit, and the kernel that serves them until then. Each row
+// tables: the definition the assembly kernels of those precisions are held
+// to bit for bit, and the kernel of builds and CPUs without them. Each row
 // is dequantized to float32 exactly as model.Dtype defines (its layouts are
 // taken from model.Dtype.Layout, not restated here), then added to the
 // pooled row in float32, bag order, first row copied: the order of the fp32

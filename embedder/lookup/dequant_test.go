@@ -1,8 +1,14 @@
 package lookup
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/recmesh/recmesh/model"
@@ -128,13 +134,11 @@ func TestPoolQuantized(t *testing.T) {
 	for _, d := range quantDtypes {
 		t.Run(string(d), func(t *testing.T) {
 			tab := newQuantTables(t, d, 300, 7)
-			if tab.Dtype() != d || tab.Kernel() != "generic" || len(tab.Kernels()) != 1 {
-				t.Errorf("%s tables: dtype %s, kernel %s of %v; want the generic kernel alone", d, tab.Dtype(), tab.Kernel(), tab.Kernels())
+			if ks := tab.Kernels(); tab.Dtype() != d || tab.Kernel() != ks[0] || ks[len(ks)-1] != "generic" {
+				t.Errorf("%s tables: dtype %s, kernel %s of %v; want the first, generic last", d, tab.Dtype(), tab.Kernel(), ks)
 			}
-			for _, k := range Kernels() {
-				if k != "generic" && tab.SetKernel(k) == nil {
-					t.Errorf("SetKernel(%s) on %s tables succeeded", k, d)
-				}
+			if tab.SetKernel("sse9") == nil {
+				t.Errorf("SetKernel(sse9) on %s tables succeeded", d)
 			}
 			if tab.Vocab(0) != 300 || tab.Vocab(5) != 3 {
 				t.Errorf("Vocab = %d, %d, want 300, 3", tab.Vocab(0), tab.Vocab(5))
@@ -225,5 +229,217 @@ func TestLayoutTablesOf(t *testing.T) {
 		if got, want := float64(TableBytesOf(d, big))/float64(TableBytes(big)), float64(d.RowBytes(Dim))/512; got != want {
 			t.Errorf("%s tables take %.4f of fp32's bytes, want %.4f", d, got, want)
 		}
+	}
+}
+
+// mixedHotness are the bag sizes of the tables newMixedTables builds: one
+// of each size the kernels' loops treat differently, and 1 again last.
+var mixedHotness = []int{1, 2, 3, 7, 20, 100, 1}
+
+// newMixedTables builds tables at precision d, laid out as the embedder
+// lays them (each on a cache line, rows unpadded), whose rows are of four
+// kinds: quantized float32 rows, random bytes, random bytes whose scale
+// and bias (fp16: whose values) are mostly NaN, ±Inf, zeros and
+// subnormals, and rows of one quantized value (all 0 or all the maximum).
+// Random bytes mean any scale, bias and value bits, signaling NaNs
+// included: the kernels must agree on whatever a file holds.
+func newMixedTables(tb testing.TB, d model.Dtype, seed uint64) *Tables {
+	tb.Helper()
+	vocab := []int{50, 1, 200, 7, 300, 120, 3}
+	rng := rand.New(rand.NewPCG(seed, 3))
+	buf := make([]byte, TableBytesOf(d, vocab)+rowAlign)
+	skip := int(-uintptrOf(buf) & (rowAlign - 1))
+	data, err := LayoutTablesOf(d, buf[skip:], vocab)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rb, l := d.RowBytes(Dim), d.Layout(Dim)
+	src := make([]float32, Dim)
+	for _, tab := range data {
+		for r := range len(tab) / rb {
+			row := tab[r*rb : (r+1)*rb]
+			for j := range row {
+				row[j] = byte(rng.Uint32())
+			}
+			switch r % 4 {
+			case 0:
+				for j := range src {
+					src[j] = float32(rng.NormFloat64() * math.Exp2(float64(rng.IntN(16)-12)))
+				}
+				if err := d.QuantizeRow(row, src); err != nil {
+					tb.Fatal(err)
+				}
+			case 2:
+				if l.ScaleBytes == 0 { // fp16: special halves among the values
+					for j := 0; j < len(row); j += 2 {
+						putSpecial(row[j:j+2], rng)
+					}
+					continue
+				}
+				putSpecial(row[l.Scale:l.Scale+l.ScaleBytes], rng)
+				putSpecial(row[l.Bias:l.Bias+l.ScaleBytes], rng)
+			case 3:
+				fill := byte(0)
+				if rng.IntN(2) == 0 {
+					fill = 0xff
+				}
+				for j := range l.Values {
+					row[j] = fill
+				}
+			}
+		}
+	}
+	t, err := NewTablesOf(d, data, mixedHotness)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return t
+}
+
+// putSpecial writes, with probability 3/4, a float of len(b) bytes (2 or
+// 4) that is a NaN (quiet or signaling, random payload and sign), an
+// infinity, a zero or a subnormal; else b keeps its random bits.
+func putSpecial(b []byte, rng *rand.Rand) {
+	expBits, mantBits := 5, 10
+	if len(b) == 4 {
+		expBits, mantBits = 8, 23
+	}
+	bits := rng.Uint32()
+	sign := bits & (1 << (expBits + mantBits))
+	mant := bits & (1<<mantBits - 1)
+	var v uint32
+	switch rng.IntN(8) {
+	case 0, 1, 2: // NaN: force a nonzero payload
+		v = sign | (1<<expBits-1)<<mantBits | max(mant, 1)
+	case 3: // ±Inf
+		v = sign | (1<<expBits-1)<<mantBits
+	case 4: // ±0
+		v = sign
+	case 5: // subnormal
+		v = sign | mant
+	default:
+		return
+	}
+	for i := range b {
+		b[i] = byte(v >> (8 * i))
+	}
+}
+
+// TestQuantKernelsMatchGeneric compares every kernel this machine runs at
+// each precision with the generic one, bit for bit (NaNs included), over
+// batch sizes, prefetch distances and bag sizes 1 to 100, on rows of
+// every kind newMixedTables writes.
+func TestQuantKernelsMatchGeneric(t *testing.T) {
+	for _, d := range quantDtypes {
+		t.Run(string(d), func(t *testing.T) {
+			tab := newMixedTables(t, d, 11)
+			rng := rand.New(rand.NewPCG(11, 11))
+			t.Logf("%s kernels: %v", d, tab.Kernels())
+			for _, kernel := range tab.Kernels() {
+				for _, dist := range []int{0, 1, 7, DefaultPrefetchRows, 5000} {
+					tab.SetPrefetchRows(dist)
+					for _, n := range []int{1, 2, 3, 16, 17, 40} {
+						ids := randomIDs(tab, n, rng)
+						want := poolWith(t, tab, "generic", ids, n)
+						sameBits(t, fmt.Sprintf("%s %s dist %d n %d", d, kernel, dist, n), poolWith(t, tab, kernel, ids, n), want)
+					}
+				}
+			}
+			// Quantized rows alone: the kernels equal model's dequantization too.
+			q := newQuantTables(t, d, 300, 12)
+			ids := randomIDs(q, 9, rng)
+			want := naiveDequantPool(q, ids, 9)
+			for _, kernel := range q.Kernels() {
+				sameBits(t, string(d)+" "+kernel+" vs model", poolWith(t, q, kernel, ids, 9), want)
+			}
+		})
+	}
+}
+
+// TestQuantKernelsBadIDsAndAllocs checks that every kernel of every
+// precision refuses a batch with a bad id before writing anything, pools
+// the good examples of PoolEach, and allocates nothing.
+func TestQuantKernelsBadIDsAndAllocs(t *testing.T) {
+	for _, d := range quantDtypes {
+		tab := newMixedTables(t, d, 13)
+		rng := rand.New(rand.NewPCG(13, 13))
+		const n = 6
+		good := randomIDs(tab, n, rng)
+		want := poolWith(t, tab, "generic", good, n)
+		per := tab.NumTables() * Dim
+		clear(want[2*per : 3*per])
+		for _, kernel := range tab.Kernels() {
+			ids := slices.Clone(good)
+			pos := tab.Offset(5) + 99 // the last id of the hot-100 bag
+			ids[2*tab.Width()+pos] = int32(tab.Vocab(5))
+			out := make([]float32, tab.OutLen(n))
+			for i := range out {
+				out[i] = 42
+			}
+			if err := tab.SetKernel(kernel); err != nil {
+				t.Fatal(err)
+			}
+			var ie *IDError
+			if err := tab.Pool(out, ids, n); !errors.As(err, &ie) ||
+				*ie != (IDError{Example: 2, Table: 5, Position: pos, ID: int32(tab.Vocab(5)), Vocab: tab.Vocab(5)}) {
+				t.Fatalf("%s %s: Pool = %v", d, kernel, err)
+			}
+			if slices.ContainsFunc(out, func(v float32) bool { return v != 42 }) {
+				t.Fatalf("%s %s: Pool wrote out despite a bad id", d, kernel)
+			}
+			status := make([]int32, n)
+			if bad, err := tab.PoolEach(out, ids, n, status); bad != 1 || err != nil || status[2] != 5 {
+				t.Fatalf("%s %s: PoolEach = %d, %v; status %v", d, kernel, bad, err, status)
+			}
+			sameBits(t, string(d)+" "+kernel+" PoolEach", out, want)
+			if a := testing.AllocsPerRun(10, func() {
+				if err := tab.Pool(out, good, n); err != nil {
+					t.Fatal(err)
+				}
+			}); a != 0 {
+				t.Errorf("%s %s: Pool allocates %v times per call", d, kernel, a)
+			}
+		}
+	}
+}
+
+// TestKernelsAtEveryPrecision checks the kernels each precision gets: the
+// fp32 list at every precision on this machine (amd64 with AVX2 has F16C),
+// and SetKernel accepting each of them.
+func TestKernelsAtEveryPrecision(t *testing.T) {
+	for _, d := range quantDtypes {
+		tab := newMixedTables(t, d, 14)
+		if !slices.Equal(tab.Kernels(), Kernels()) {
+			t.Errorf("%s kernels %v, fp32 kernels %v", d, tab.Kernels(), Kernels())
+		}
+		for _, k := range tab.Kernels() {
+			if err := tab.SetKernel(k); err != nil || tab.Kernel() != k {
+				t.Errorf("%s: SetKernel(%s) = %v, kernel %s", d, k, err, tab.Kernel())
+			}
+		}
+	}
+}
+
+// TestAVX2KernelUsesVEXRegisters guards the generated assembly: the AVX2
+// kernel runs on CPUs without AVX-512, so its loops must not touch the
+// registers only AVX-512 has (X16-X31, Y16-Y31, Z*, K*), which the avo
+// allocator would hand out if a loop held more than 16 vectors live. This
+// machine runs such code anyway, so only the text can tell.
+func TestAVX2KernelUsesVEXRegisters(t *testing.T) {
+	src, err := os.ReadFile("pool_amd64.s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(src)
+	start := strings.Index(text, "TEXT ·poolAVX2(SB)")
+	if start < 0 {
+		t.Fatal("pool_amd64.s has no poolAVX2")
+	}
+	body := text[start:]
+	if end := strings.Index(body[1:], "\nTEXT "); end >= 0 {
+		body = body[:end+1]
+	}
+	if r := regexp.MustCompile(`\b([XY](1[6-9]|2[0-9]|3[01])|Z[0-9]+|K[0-7])\b`).FindString(body); r != "" {
+		t.Errorf("poolAVX2 uses %s, an AVX-512 register", r)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/recmesh/recmesh/model"
 )
 
 // guarded returns a slice of n elements of T that ends exactly where an
@@ -48,6 +50,47 @@ func TestGuardPages(t *testing.T) {
 				}
 				sameBits(t, kernel, out, want)
 			}
+		}
+	}
+}
+
+// TestGuardPagesTables runs every kernel of every precision on a table
+// that ends at an inaccessible page, with bags naming its last row: a
+// kernel that reads past a row's last byte faults.
+func TestGuardPagesTables(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 15))
+	for _, d := range model.Dtypes() {
+		const vocab = 5
+		rb := d.RowBytes(Dim)
+		tab := guarded[byte](t, vocab*rb)
+		for r := range vocab {
+			for j := range rb {
+				tab[r*rb+j] = byte(rng.Uint32())
+			}
+			if d != model.DtypeFP32 && d != model.DtypeFP16 {
+				continue
+			}
+			// Finite float rows, so fp32 sums are compared on numbers.
+			src := make([]float32, Dim)
+			for j := range src {
+				src[j] = float32(rng.NormFloat64())
+			}
+			if err := d.QuantizeRow(tab[r*rb:(r+1)*rb], src); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tables, err := NewTablesOf(d, [][]byte{tab, tab}, []int{1, 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 4
+		ids := make([]int32, n*tables.Width())
+		for i := range ids {
+			ids[i] = int32(vocab - 1 - rng.IntN(2))
+		}
+		want := poolWith(t, tables, "generic", ids, n)
+		for _, kernel := range tables.Kernels() {
+			sameBits(t, string(d)+" "+kernel, poolWith(t, tables, kernel, ids, n), want)
 		}
 	}
 }

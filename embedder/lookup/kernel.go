@@ -12,7 +12,7 @@ type kernel int
 
 const (
 	kernelGeneric kernel = iota // plain Go: the reference
-	kernelAVX2                  // 16 ymm accumulators per row
+	kernelAVX2                  // ymm accumulators: 16 per fp32 row, 8 per half row when dequantizing
 	kernelAVX512                // 8 zmm accumulators per row
 )
 
@@ -28,20 +28,19 @@ func (k kernel) String() string {
 	return fmt.Sprintf("kernel(%d)", int(k))
 }
 
-// best returns the fastest kernel this CPU runs.
+// supported lists the kernels this CPU (and build) runs for fp32 tables,
+// fastest first.
+func supported() []kernel { return supportedFor(model.DtypeFP32) }
+
+// best returns the fastest kernel this CPU runs for fp32 tables.
 func best() kernel { return supported()[0] }
 
-// supportedFor lists the kernels this CPU runs for tables stored at d,
-// fastest first: the assembly kernels are written for fp32 rows only, so
-// every other precision has the plain-Go kernel alone for now.
-func supportedFor(d model.Dtype) []kernel {
-	if d.String() != string(model.DtypeFP32) {
-		return []kernel{kernelGeneric}
-	}
-	return supported()
-}
-
 // bestFor returns the fastest kernel this CPU runs for tables stored at d.
+// supportedFor (kernel_amd64.go, kernel_noasm.go) lists them, fastest
+// first: on amd64 the AVX-512 and AVX2 kernels exist at every precision
+// (the fp32 ones add rows as they are, the others dequantize each row as
+// model.Dtype defines, bit-identical to dequant.go), and "generic" is
+// always last.
 func bestFor(d model.Dtype) kernel { return supportedFor(d)[0] }
 
 // Kernel returns the name of the kernel NewTables selects on this CPU for

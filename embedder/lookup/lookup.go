@@ -18,15 +18,21 @@
 // int4; the row layouts are documented there). A kernel dequantizes each
 // row to float32 as model.Dtype defines and adds in float32, so the pooled
 // rows are float32 at every precision and equal model.Reference.Pool's bit
-// for bit. The assembly kernels are fp32 only for now; the other
-// precisions are pooled by the plain-Go kernels of dequant.go, which define
-// their result.
+// for bit. The AVX-512 and AVX2 kernels exist at every precision; at fp16,
+// int8 and int4 they are tested bit-identical (NaN bits included) to the
+// plain-Go kernels of dequant.go, which define their result. They widen
+// halves with VCVTPH2PS (F16C), and convert, scale and bias int8 and int4
+// values with VMULPS then VADDPS, never FMA. The AVX2 kernels walk each bag
+// of a quantized table twice, half a row at a time (sixteen ymm registers
+// hold a float32 row but not its temporaries too); the second walk reads
+// rows the first brought into cache.
 package lookup
 
 import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"unsafe"
 
 	"github.com/recmesh/recmesh/model"
@@ -37,7 +43,8 @@ import (
 const Dim = 128
 
 // DefaultPrefetchRows is how many rows ahead of the row being summed the
-// amd64 kernels prefetch (8 cache lines each, into L2: PREFETCHT2). They
+// amd64 kernels prefetch (every cache line of a row: 8 at fp32, 4 at
+// fp16, 3 at int8, 2 at int4; into L2: PREFETCHT2). They
 // prefetch into L2 because a prefetch into L1 holds one of the core's few
 // line fill buffers until its line arrives, leaving too few to the loads'
 // own misses (figures in docs/design.md).
@@ -68,6 +75,7 @@ func (e *IDError) Unwrap() error { return ErrBadID }
 // not run concurrently with pooling.
 type Tables struct {
 	dtype   model.Dtype
+	prec    int         // dtype's index in model.Dtypes(): the kernels' loop
 	rowB    int         // bytes per stored row: dtype.RowBytes(Dim)
 	raw     [][]byte    // every table's stored rows
 	rows    [][]float32 // fp32 tables as float32 (nil at other precisions)
@@ -107,8 +115,7 @@ func NewTables(data [][]float32, hotness []int) (*Tables, error) {
 // dtype.RowBytes(Dim) bytes; an fp32 table 4-byte aligned) and hotness[t]
 // is the fixed bag size of table t. The tables are not copied; the caller
 // must keep them unchanged while Tables is in use. The kernel is the best
-// one this CPU runs at that precision: the assembly for fp32, the plain-Go
-// kernel for the others until they have assembly of their own.
+// one this CPU runs at that precision (Tables.Kernels lists them).
 func NewTablesOf(dtype model.Dtype, data [][]byte, hotness []int) (*Tables, error) {
 	if _, err := model.ParseDtype(dtype.String()); err != nil {
 		return nil, fmt.Errorf("lookup: %w", err)
@@ -119,6 +126,7 @@ func NewTablesOf(dtype model.Dtype, data [][]byte, hotness []int) (*Tables, erro
 	dtype = model.Dtype(dtype.String())
 	t := &Tables{
 		dtype:   dtype,
+		prec:    slices.Index(model.Dtypes(), dtype),
 		rowB:    dtype.RowBytes(Dim),
 		raw:     append([][]byte(nil), data...),
 		hot:     append([]int(nil), hotness...),

@@ -92,7 +92,8 @@ func sameBits(tb testing.TB, what string, got, want []float32) {
 	for i := range got {
 		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
 			row := i / Dim
-			tb.Fatalf("%s: element %d (pooled row %d, lane %d) = %v, want %v", what, i, row, i%Dim, got[i], want[i])
+			tb.Fatalf("%s: element %d (pooled row %d, lane %d) = %v (%#08x), want %v (%#08x)", what, i, row, i%Dim,
+				got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
 		}
 	}
 }

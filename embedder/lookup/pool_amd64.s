@@ -4,9 +4,31 @@
 
 #include "textflag.h"
 
-// func poolAVX512(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int)
-// Requires: AVX, AVX512F, MMX+
-TEXT ·poolAVX512(SB), NOSPLIT, $0-72
+DATA nibbles<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA nibbles<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f
+GLOBL nibbles<>(SB), RODATA|NOPTR, $16
+
+DATA quietbit<>+0(SB)/4, $0x00400000
+DATA quietbit<>+4(SB)/4, $0x00400000
+DATA quietbit<>+8(SB)/4, $0x00400000
+DATA quietbit<>+12(SB)/4, $0x00400000
+DATA quietbit<>+16(SB)/4, $0x00400000
+DATA quietbit<>+20(SB)/4, $0x00400000
+DATA quietbit<>+24(SB)/4, $0x00400000
+DATA quietbit<>+28(SB)/4, $0x00400000
+GLOBL quietbit<>(SB), RODATA|NOPTR, $32
+
+// func poolAVX512(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int, prec int)
+// Requires: AVX, AVX2, AVX512F, MMX+
+TEXT ·poolAVX512(SB), NOSPLIT, $0-80
+	// Dispatch on prec; fp32's loop comes first.
+	MOVQ prec+72(FP), AX
+	CMPQ AX, $0x01
+	JE   poolAVX512FP16
+	CMPQ AX, $0x02
+	JE   poolAVX512Int8
+	CMPQ AX, $0x03
+	JE   poolAVX512Int4
 	MOVQ out+0(FP), AX
 	MOVQ ids+8(FP), CX
 	MOVQ bases+24(FP), DX
@@ -155,9 +177,647 @@ poolAVX512_done:
 	VZEROUPPER
 	RET
 
-// func poolAVX2(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int)
-// Requires: AVX, MMX+
-TEXT ·poolAVX2(SB), NOSPLIT, $0-72
+poolAVX512FP16:
+	MOVQ out+0(FP), AX
+	MOVQ ids+8(FP), CX
+	MOVQ bases+24(FP), DX
+	MOVQ hot+32(FP), BX
+	MOVQ pos+48(FP), SI
+
+	// end = ids + n*width*4: where both cursors stop.
+	MOVQ  n+16(FP), DI
+	IMULQ width+56(FP), DI
+	LEAQ  (CX)(DI*4), DI
+
+	// Prefetch cursor: pk walks the ids, pp is its position in an example.
+	MOVQ CX, R8
+	XORQ R9, R9
+
+	// Warm up: put the first dist rows in flight.
+	MOVQ  dist+64(FP), R10
+	TESTQ R10, R10
+	JLE   poolAVX512FP16_start
+
+poolAVX512FP16_warm:
+	CMPQ       R8, DI
+	JAE        poolAVX512FP16_pfskip1
+	MOVLQSX    (R8), R11
+	SHLQ       $0x08, R11
+	ADDQ       (SI)(R9*8), R11
+	PREFETCHT2 (R11)
+	PREFETCHT2 64(R11)
+	PREFETCHT2 128(R11)
+	PREFETCHT2 192(R11)
+	ADDQ       $0x04, R8
+	INCQ       R9
+	CMPQ       R9, width+56(FP)
+	JB         poolAVX512FP16_pfskip1
+	XORQ       R9, R9
+
+poolAVX512FP16_pfskip1:
+	DECQ R10
+	JNZ  poolAVX512FP16_warm
+
+poolAVX512FP16_start:
+	CMPQ CX, DI
+	JAE  poolAVX512FP16_done
+
+poolAVX512FP16_example:
+	XORQ R10, R10
+
+poolAVX512FP16_table:
+	MOVQ (BX)(R10*8), R11
+	MOVQ (DX)(R10*8), R12
+
+	// First row of the bag: load.
+	MOVLQSX         (CX), R13
+	SHLQ            $0x08, R13
+	ADDQ            R12, R13
+	ADDQ            $0x04, CX
+	VCVTPH2PS       (R13), Z0
+	VPMOVZXWD       (R13), Z1
+	VPSLLD          $0x0d, Z1, Z1
+	VCMPPS          $0x03, Z0, Z0, K1
+	VPTERNLOGD.BCST $0xd8, quietbit<>+0(SB), Z1, K1, Z0
+	VCVTPH2PS       32(R13), Z1
+	VPMOVZXWD       32(R13), Z2
+	VPSLLD          $0x0d, Z2, Z2
+	VCMPPS          $0x03, Z1, Z1, K1
+	VPTERNLOGD.BCST $0xd8, quietbit<>+0(SB), Z2, K1, Z1
+	VCVTPH2PS       64(R13), Z2
+	VPMOVZXWD       64(R13), Z3
+	VPSLLD          $0x0d, Z3, Z3
+	VCMPPS          $0x03, Z2, Z2, K1
+	VPTERNLOGD.BCST $0xd8, quietbit<>+0(SB), Z3, K1, Z2
+	VCVTPH2PS       96(R13), Z3
+	VPMOVZXWD       96(R13), Z4
+	VPSLLD          $0x0d, Z4, Z4
+	VCMPPS          $0x03, Z3, Z3, K1
+	VPTERNLOGD.BCST $0xd8, quietbit<>+0(SB), Z4, K1, Z3
+	VCVTPH2PS       128(R13), Z4
+	VPMOVZXWD       128(R13), Z5
+	VPSLLD          $0x0d, Z5, Z5
+	VCMPPS          $0x03, Z4, Z4, K1
+	VPTERNLOGD.BCST $0xd8, quietbit<>+0(SB), Z5, K1, Z4
+	VCVTPH2PS       160(R13), Z5
+	VPMOVZXWD       160(R13), Z6
+	VPSLLD          $0x0d, Z6, Z6
+	VCMPPS          $0x03, Z5, Z5, K1
+	VPTERNLOGD.BCST $0xd8, quietbit<>+0(SB), Z6, K1, Z5
+	VCVTPH2PS       192(R13), Z6
+	VPMOVZXWD       192(R13), Z7
+	VPSLLD          $0x0d, Z7, Z7
+	VCMPPS          $0x03, Z6, Z6, K1
+	VPTERNLOGD.BCST $0xd8, quietbit<>+0(SB), Z7, K1, Z6
+	VCVTPH2PS       224(R13), Z7
+	VPMOVZXWD       224(R13), Z8
+	VPSLLD          $0x0d, Z8, Z8
+	VCMPPS          $0x03, Z7, Z7, K1
+	VPTERNLOGD.BCST $0xd8, quietbit<>+0(SB), Z8, K1, Z7
+	CMPQ            R8, DI
+	JAE             poolAVX512FP16_pfskip2
+	MOVLQSX         (R8), R13
+	SHLQ            $0x08, R13
+	ADDQ            (SI)(R9*8), R13
+	PREFETCHT2      (R13)
+	PREFETCHT2      64(R13)
+	PREFETCHT2      128(R13)
+	PREFETCHT2      192(R13)
+	ADDQ            $0x04, R8
+	INCQ            R9
+	CMPQ            R9, width+56(FP)
+	JB              poolAVX512FP16_pfskip2
+	XORQ            R9, R9
+
+poolAVX512FP16_pfskip2:
+	DECQ R11
+	JZ   poolAVX512FP16_store
+
+	// Every further row: add.
+poolAVX512FP16_bag:
+	MOVLQSX    (CX), R13
+	SHLQ       $0x08, R13
+	ADDQ       R12, R13
+	ADDQ       $0x04, CX
+	VCVTPH2PS  (R13), Z8
+	VADDPS     Z8, Z0, Z0
+	VCVTPH2PS  32(R13), Z8
+	VADDPS     Z8, Z1, Z1
+	VCVTPH2PS  64(R13), Z8
+	VADDPS     Z8, Z2, Z2
+	VCVTPH2PS  96(R13), Z8
+	VADDPS     Z8, Z3, Z3
+	VCVTPH2PS  128(R13), Z8
+	VADDPS     Z8, Z4, Z4
+	VCVTPH2PS  160(R13), Z8
+	VADDPS     Z8, Z5, Z5
+	VCVTPH2PS  192(R13), Z8
+	VADDPS     Z8, Z6, Z6
+	VCVTPH2PS  224(R13), Z8
+	VADDPS     Z8, Z7, Z7
+	CMPQ       R8, DI
+	JAE        poolAVX512FP16_pfskip3
+	MOVLQSX    (R8), R13
+	SHLQ       $0x08, R13
+	ADDQ       (SI)(R9*8), R13
+	PREFETCHT2 (R13)
+	PREFETCHT2 64(R13)
+	PREFETCHT2 128(R13)
+	PREFETCHT2 192(R13)
+	ADDQ       $0x04, R8
+	INCQ       R9
+	CMPQ       R9, width+56(FP)
+	JB         poolAVX512FP16_pfskip3
+	XORQ       R9, R9
+
+poolAVX512FP16_pfskip3:
+	DECQ R11
+	JNZ  poolAVX512FP16_bag
+
+poolAVX512FP16_store:
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	ADDQ    $0x00000200, AX
+	INCQ    R10
+	CMPQ    R10, ntab+40(FP)
+	JB      poolAVX512FP16_table
+	CMPQ    CX, DI
+	JB      poolAVX512FP16_example
+
+poolAVX512FP16_done:
+	VZEROUPPER
+	RET
+
+poolAVX512Int8:
+	MOVQ out+0(FP), AX
+	MOVQ ids+8(FP), CX
+	MOVQ bases+24(FP), DX
+	MOVQ hot+32(FP), BX
+	MOVQ pos+48(FP), SI
+
+	// end = ids + n*width*4: where both cursors stop.
+	MOVQ  n+16(FP), DI
+	IMULQ width+56(FP), DI
+	LEAQ  (CX)(DI*4), DI
+
+	// Prefetch cursor: pk walks the ids, pp is its position in an example.
+	MOVQ CX, R8
+	XORQ R9, R9
+
+	// Warm up: put the first dist rows in flight.
+	MOVQ  dist+64(FP), R10
+	TESTQ R10, R10
+	JLE   poolAVX512Int8_start
+
+poolAVX512Int8_warm:
+	CMPQ       R8, DI
+	JAE        poolAVX512Int8_pfskip1
+	MOVLQSX    (R8), R11
+	IMUL3Q     $0x00000088, R11, R11
+	ADDQ       (SI)(R9*8), R11
+	PREFETCHT2 (R11)
+	PREFETCHT2 64(R11)
+	PREFETCHT2 128(R11)
+	ADDQ       $0x04, R8
+	INCQ       R9
+	CMPQ       R9, width+56(FP)
+	JB         poolAVX512Int8_pfskip1
+	XORQ       R9, R9
+
+poolAVX512Int8_pfskip1:
+	DECQ R10
+	JNZ  poolAVX512Int8_warm
+
+poolAVX512Int8_start:
+	CMPQ CX, DI
+	JAE  poolAVX512Int8_done
+
+poolAVX512Int8_example:
+	XORQ R10, R10
+
+poolAVX512Int8_table:
+	MOVQ (BX)(R10*8), R11
+	MOVQ (DX)(R10*8), R12
+
+	// First row of the bag: load.
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000088, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VBROADCASTSS 128(R13), Z8
+	VBROADCASTSS 132(R13), Z9
+	VPMOVZXBD    (R13), Z0
+	VCVTDQ2PS    Z0, Z0
+	VMULPS       Z8, Z0, Z0
+	VADDPS       Z9, Z0, Z0
+	VPMOVZXBD    16(R13), Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z1, Z1
+	VADDPS       Z9, Z1, Z1
+	VPMOVZXBD    32(R13), Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z8, Z2, Z2
+	VADDPS       Z9, Z2, Z2
+	VPMOVZXBD    48(R13), Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z3, Z3
+	VADDPS       Z9, Z3, Z3
+	VPMOVZXBD    64(R13), Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z8, Z4, Z4
+	VADDPS       Z9, Z4, Z4
+	VPMOVZXBD    80(R13), Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z5, Z5
+	VADDPS       Z9, Z5, Z5
+	VPMOVZXBD    96(R13), Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z8, Z6, Z6
+	VADDPS       Z9, Z6, Z6
+	VPMOVZXBD    112(R13), Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z8, Z7, Z7
+	VADDPS       Z9, Z7, Z7
+	CMPQ         R8, DI
+	JAE          poolAVX512Int8_pfskip2
+	MOVLQSX      (R8), R13
+	IMUL3Q       $0x00000088, R13, R13
+	ADDQ         (SI)(R9*8), R13
+	PREFETCHT2   (R13)
+	PREFETCHT2   64(R13)
+	PREFETCHT2   128(R13)
+	ADDQ         $0x04, R8
+	INCQ         R9
+	CMPQ         R9, width+56(FP)
+	JB           poolAVX512Int8_pfskip2
+	XORQ         R9, R9
+
+poolAVX512Int8_pfskip2:
+	DECQ R11
+	JZ   poolAVX512Int8_store
+
+	// Every further row: add.
+poolAVX512Int8_bag:
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000088, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VBROADCASTSS 128(R13), Z8
+	VBROADCASTSS 132(R13), Z9
+	VPMOVZXBD    (R13), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z0, Z0
+	VPMOVZXBD    16(R13), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z1, Z1
+	VPMOVZXBD    32(R13), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z2, Z2
+	VPMOVZXBD    48(R13), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z3, Z3
+	VPMOVZXBD    64(R13), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z4, Z4
+	VPMOVZXBD    80(R13), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z5, Z5
+	VPMOVZXBD    96(R13), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z6, Z6
+	VPMOVZXBD    112(R13), Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z7, Z7
+	CMPQ         R8, DI
+	JAE          poolAVX512Int8_pfskip3
+	MOVLQSX      (R8), R13
+	IMUL3Q       $0x00000088, R13, R13
+	ADDQ         (SI)(R9*8), R13
+	PREFETCHT2   (R13)
+	PREFETCHT2   64(R13)
+	PREFETCHT2   128(R13)
+	ADDQ         $0x04, R8
+	INCQ         R9
+	CMPQ         R9, width+56(FP)
+	JB           poolAVX512Int8_pfskip3
+	XORQ         R9, R9
+
+poolAVX512Int8_pfskip3:
+	DECQ R11
+	JNZ  poolAVX512Int8_bag
+
+poolAVX512Int8_store:
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	ADDQ    $0x00000200, AX
+	INCQ    R10
+	CMPQ    R10, ntab+40(FP)
+	JB      poolAVX512Int8_table
+	CMPQ    CX, DI
+	JB      poolAVX512Int8_example
+
+poolAVX512Int8_done:
+	VZEROUPPER
+	RET
+
+poolAVX512Int4:
+	MOVQ out+0(FP), AX
+	MOVQ ids+8(FP), CX
+	MOVQ bases+24(FP), DX
+	MOVQ hot+32(FP), BX
+	MOVQ pos+48(FP), SI
+
+	// end = ids + n*width*4: where both cursors stop.
+	MOVQ  n+16(FP), DI
+	IMULQ width+56(FP), DI
+	LEAQ  (CX)(DI*4), DI
+
+	// Prefetch cursor: pk walks the ids, pp is its position in an example.
+	MOVQ CX, R8
+	XORQ R9, R9
+
+	// Warm up: put the first dist rows in flight.
+	MOVQ  dist+64(FP), R10
+	TESTQ R10, R10
+	JLE   poolAVX512Int4_start
+
+poolAVX512Int4_warm:
+	CMPQ       R8, DI
+	JAE        poolAVX512Int4_pfskip1
+	MOVLQSX    (R8), R11
+	IMUL3Q     $0x00000044, R11, R11
+	ADDQ       (SI)(R9*8), R11
+	PREFETCHT2 (R11)
+	PREFETCHT2 64(R11)
+	ADDQ       $0x04, R8
+	INCQ       R9
+	CMPQ       R9, width+56(FP)
+	JB         poolAVX512Int4_pfskip1
+	XORQ       R9, R9
+
+poolAVX512Int4_pfskip1:
+	DECQ R10
+	JNZ  poolAVX512Int4_warm
+
+poolAVX512Int4_start:
+	CMPQ CX, DI
+	JAE  poolAVX512Int4_done
+
+poolAVX512Int4_example:
+	XORQ R10, R10
+
+poolAVX512Int4_table:
+	MOVQ (BX)(R10*8), R11
+	MOVQ (DX)(R10*8), R12
+
+	// First row of the bag: load.
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000044, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VPBROADCASTW 64(R13), Y0
+	VCVTPH2PS    Y0, Z8
+	VPBROADCASTW 66(R13), Y0
+	VCVTPH2PS    Y0, Z9
+	VPMOVZXBW    (R13), X0
+	VPSLLW       $0x04, X0, X1
+	VPOR         X1, X0, X0
+	VPAND        nibbles<>+0(SB), X0, X0
+	VPMOVZXBD    X0, Z0
+	VCVTDQ2PS    Z0, Z0
+	VMULPS       Z8, Z0, Z0
+	VADDPS       Z9, Z0, Z0
+	VPMOVZXBW    8(R13), X1
+	VPSLLW       $0x04, X1, X2
+	VPOR         X2, X1, X1
+	VPAND        nibbles<>+0(SB), X1, X1
+	VPMOVZXBD    X1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z8, Z1, Z1
+	VADDPS       Z9, Z1, Z1
+	VPMOVZXBW    16(R13), X2
+	VPSLLW       $0x04, X2, X3
+	VPOR         X3, X2, X2
+	VPAND        nibbles<>+0(SB), X2, X2
+	VPMOVZXBD    X2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z8, Z2, Z2
+	VADDPS       Z9, Z2, Z2
+	VPMOVZXBW    24(R13), X3
+	VPSLLW       $0x04, X3, X4
+	VPOR         X4, X3, X3
+	VPAND        nibbles<>+0(SB), X3, X3
+	VPMOVZXBD    X3, Z3
+	VCVTDQ2PS    Z3, Z3
+	VMULPS       Z8, Z3, Z3
+	VADDPS       Z9, Z3, Z3
+	VPMOVZXBW    32(R13), X4
+	VPSLLW       $0x04, X4, X5
+	VPOR         X5, X4, X4
+	VPAND        nibbles<>+0(SB), X4, X4
+	VPMOVZXBD    X4, Z4
+	VCVTDQ2PS    Z4, Z4
+	VMULPS       Z8, Z4, Z4
+	VADDPS       Z9, Z4, Z4
+	VPMOVZXBW    40(R13), X5
+	VPSLLW       $0x04, X5, X6
+	VPOR         X6, X5, X5
+	VPAND        nibbles<>+0(SB), X5, X5
+	VPMOVZXBD    X5, Z5
+	VCVTDQ2PS    Z5, Z5
+	VMULPS       Z8, Z5, Z5
+	VADDPS       Z9, Z5, Z5
+	VPMOVZXBW    48(R13), X6
+	VPSLLW       $0x04, X6, X7
+	VPOR         X7, X6, X6
+	VPAND        nibbles<>+0(SB), X6, X6
+	VPMOVZXBD    X6, Z6
+	VCVTDQ2PS    Z6, Z6
+	VMULPS       Z8, Z6, Z6
+	VADDPS       Z9, Z6, Z6
+	VPMOVZXBW    56(R13), X7
+	VPSLLW       $0x04, X7, X10
+	VPOR         X10, X7, X7
+	VPAND        nibbles<>+0(SB), X7, X7
+	VPMOVZXBD    X7, Z7
+	VCVTDQ2PS    Z7, Z7
+	VMULPS       Z8, Z7, Z7
+	VADDPS       Z9, Z7, Z7
+	CMPQ         R8, DI
+	JAE          poolAVX512Int4_pfskip2
+	MOVLQSX      (R8), R13
+	IMUL3Q       $0x00000044, R13, R13
+	ADDQ         (SI)(R9*8), R13
+	PREFETCHT2   (R13)
+	PREFETCHT2   64(R13)
+	ADDQ         $0x04, R8
+	INCQ         R9
+	CMPQ         R9, width+56(FP)
+	JB           poolAVX512Int4_pfskip2
+	XORQ         R9, R9
+
+poolAVX512Int4_pfskip2:
+	DECQ R11
+	JZ   poolAVX512Int4_store
+
+	// Every further row: add.
+poolAVX512Int4_bag:
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000044, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VPBROADCASTW 64(R13), Y8
+	VCVTPH2PS    Y8, Z8
+	VPBROADCASTW 66(R13), Y9
+	VCVTPH2PS    Y9, Z9
+	VPMOVZXBW    (R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z0, Z0
+	VPMOVZXBW    8(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z1, Z1
+	VPMOVZXBW    16(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z2, Z2
+	VPMOVZXBW    24(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z3, Z3
+	VPMOVZXBW    32(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z4, Z4
+	VPMOVZXBW    40(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z5, Z5
+	VPMOVZXBW    48(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z6, Z6
+	VPMOVZXBW    56(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Z10
+	VCVTDQ2PS    Z10, Z10
+	VMULPS       Z8, Z10, Z10
+	VADDPS       Z9, Z10, Z10
+	VADDPS       Z10, Z7, Z7
+	CMPQ         R8, DI
+	JAE          poolAVX512Int4_pfskip3
+	MOVLQSX      (R8), R13
+	IMUL3Q       $0x00000044, R13, R13
+	ADDQ         (SI)(R9*8), R13
+	PREFETCHT2   (R13)
+	PREFETCHT2   64(R13)
+	ADDQ         $0x04, R8
+	INCQ         R9
+	CMPQ         R9, width+56(FP)
+	JB           poolAVX512Int4_pfskip3
+	XORQ         R9, R9
+
+poolAVX512Int4_pfskip3:
+	DECQ R11
+	JNZ  poolAVX512Int4_bag
+
+poolAVX512Int4_store:
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, 256(AX)
+	VMOVUPS Z5, 320(AX)
+	VMOVUPS Z6, 384(AX)
+	VMOVUPS Z7, 448(AX)
+	ADDQ    $0x00000200, AX
+	INCQ    R10
+	CMPQ    R10, ntab+40(FP)
+	JB      poolAVX512Int4_table
+	CMPQ    CX, DI
+	JB      poolAVX512Int4_example
+
+poolAVX512Int4_done:
+	VZEROUPPER
+	RET
+
+// func poolAVX2(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int, prec int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·poolAVX2(SB), NOSPLIT, $0-80
+	// Dispatch on prec; fp32's loop comes first.
+	MOVQ prec+72(FP), AX
+	CMPQ AX, $0x01
+	JE   poolAVX2FP16
+	CMPQ AX, $0x02
+	JE   poolAVX2Int8
+	CMPQ AX, $0x03
+	JE   poolAVX2Int4
 	MOVQ out+0(FP), AX
 	MOVQ ids+8(FP), CX
 	MOVQ bases+24(FP), DX
@@ -327,5 +987,1010 @@ poolAVX2_store:
 	JB      poolAVX2_example
 
 poolAVX2_done:
+	VZEROUPPER
+	RET
+
+poolAVX2FP16:
+	MOVQ out+0(FP), AX
+	MOVQ ids+8(FP), CX
+	MOVQ bases+24(FP), DX
+	MOVQ hot+32(FP), BX
+	MOVQ pos+48(FP), SI
+
+	// end = ids + n*width*4: where both cursors stop.
+	MOVQ  n+16(FP), DI
+	IMULQ width+56(FP), DI
+	LEAQ  (CX)(DI*4), DI
+
+	// Prefetch cursor: pk walks the ids, pp is its position in an example.
+	MOVQ CX, R8
+	XORQ R9, R9
+
+	// Warm up: put the first dist rows in flight.
+	MOVQ  dist+64(FP), R10
+	TESTQ R10, R10
+	JLE   poolAVX2FP16_start
+
+poolAVX2FP16_warm:
+	CMPQ       R8, DI
+	JAE        poolAVX2FP16_pfskip1
+	MOVLQSX    (R8), R11
+	SHLQ       $0x08, R11
+	ADDQ       (SI)(R9*8), R11
+	PREFETCHT2 (R11)
+	PREFETCHT2 64(R11)
+	PREFETCHT2 128(R11)
+	PREFETCHT2 192(R11)
+	ADDQ       $0x04, R8
+	INCQ       R9
+	CMPQ       R9, width+56(FP)
+	JB         poolAVX2FP16_pfskip1
+	XORQ       R9, R9
+
+poolAVX2FP16_pfskip1:
+	DECQ R10
+	JNZ  poolAVX2FP16_warm
+
+poolAVX2FP16_start:
+	CMPQ CX, DI
+	JAE  poolAVX2FP16_done
+
+poolAVX2FP16_example:
+	XORQ R10, R10
+
+poolAVX2FP16_table:
+	MOVQ (BX)(R10*8), R11
+	MOVQ (DX)(R10*8), R12
+
+	// First row of the bag: load.
+	MOVLQSX    (CX), R13
+	SHLQ       $0x08, R13
+	ADDQ       R12, R13
+	ADDQ       $0x04, CX
+	VCVTPH2PS  (R13), Y0
+	VPMOVZXWD  (R13), Y1
+	VPSLLD     $0x0d, Y1, Y1
+	VCMPPS     $0x03, Y0, Y0, Y2
+	VPXOR      Y0, Y1, Y1
+	VPAND      Y2, Y1, Y1
+	VPAND      quietbit<>+0(SB), Y1, Y1
+	VPXOR      Y1, Y0, Y0
+	VCVTPH2PS  16(R13), Y1
+	VPMOVZXWD  16(R13), Y2
+	VPSLLD     $0x0d, Y2, Y2
+	VCMPPS     $0x03, Y1, Y1, Y3
+	VPXOR      Y1, Y2, Y2
+	VPAND      Y3, Y2, Y2
+	VPAND      quietbit<>+0(SB), Y2, Y2
+	VPXOR      Y2, Y1, Y1
+	VCVTPH2PS  32(R13), Y2
+	VPMOVZXWD  32(R13), Y3
+	VPSLLD     $0x0d, Y3, Y3
+	VCMPPS     $0x03, Y2, Y2, Y4
+	VPXOR      Y2, Y3, Y3
+	VPAND      Y4, Y3, Y3
+	VPAND      quietbit<>+0(SB), Y3, Y3
+	VPXOR      Y3, Y2, Y2
+	VCVTPH2PS  48(R13), Y3
+	VPMOVZXWD  48(R13), Y4
+	VPSLLD     $0x0d, Y4, Y4
+	VCMPPS     $0x03, Y3, Y3, Y5
+	VPXOR      Y3, Y4, Y4
+	VPAND      Y5, Y4, Y4
+	VPAND      quietbit<>+0(SB), Y4, Y4
+	VPXOR      Y4, Y3, Y3
+	VCVTPH2PS  64(R13), Y4
+	VPMOVZXWD  64(R13), Y5
+	VPSLLD     $0x0d, Y5, Y5
+	VCMPPS     $0x03, Y4, Y4, Y6
+	VPXOR      Y4, Y5, Y5
+	VPAND      Y6, Y5, Y5
+	VPAND      quietbit<>+0(SB), Y5, Y5
+	VPXOR      Y5, Y4, Y4
+	VCVTPH2PS  80(R13), Y5
+	VPMOVZXWD  80(R13), Y6
+	VPSLLD     $0x0d, Y6, Y6
+	VCMPPS     $0x03, Y5, Y5, Y7
+	VPXOR      Y5, Y6, Y6
+	VPAND      Y7, Y6, Y6
+	VPAND      quietbit<>+0(SB), Y6, Y6
+	VPXOR      Y6, Y5, Y5
+	VCVTPH2PS  96(R13), Y6
+	VPMOVZXWD  96(R13), Y7
+	VPSLLD     $0x0d, Y7, Y7
+	VCMPPS     $0x03, Y6, Y6, Y8
+	VPXOR      Y6, Y7, Y7
+	VPAND      Y8, Y7, Y7
+	VPAND      quietbit<>+0(SB), Y7, Y7
+	VPXOR      Y7, Y6, Y6
+	VCVTPH2PS  112(R13), Y7
+	VPMOVZXWD  112(R13), Y8
+	VPSLLD     $0x0d, Y8, Y8
+	VCMPPS     $0x03, Y7, Y7, Y9
+	VPXOR      Y7, Y8, Y8
+	VPAND      Y9, Y8, Y8
+	VPAND      quietbit<>+0(SB), Y8, Y8
+	VPXOR      Y8, Y7, Y7
+	CMPQ       R8, DI
+	JAE        poolAVX2FP16_pfskip2
+	MOVLQSX    (R8), R13
+	SHLQ       $0x08, R13
+	ADDQ       (SI)(R9*8), R13
+	PREFETCHT2 (R13)
+	PREFETCHT2 64(R13)
+	PREFETCHT2 128(R13)
+	PREFETCHT2 192(R13)
+	ADDQ       $0x04, R8
+	INCQ       R9
+	CMPQ       R9, width+56(FP)
+	JB         poolAVX2FP16_pfskip2
+	XORQ       R9, R9
+
+poolAVX2FP16_pfskip2:
+	DECQ R11
+	JZ   poolAVX2FP16_store
+
+	// Every further row: add.
+poolAVX2FP16_bag:
+	MOVLQSX    (CX), R13
+	SHLQ       $0x08, R13
+	ADDQ       R12, R13
+	ADDQ       $0x04, CX
+	VCVTPH2PS  (R13), Y8
+	VADDPS     Y8, Y0, Y0
+	VCVTPH2PS  16(R13), Y8
+	VADDPS     Y8, Y1, Y1
+	VCVTPH2PS  32(R13), Y8
+	VADDPS     Y8, Y2, Y2
+	VCVTPH2PS  48(R13), Y8
+	VADDPS     Y8, Y3, Y3
+	VCVTPH2PS  64(R13), Y8
+	VADDPS     Y8, Y4, Y4
+	VCVTPH2PS  80(R13), Y8
+	VADDPS     Y8, Y5, Y5
+	VCVTPH2PS  96(R13), Y8
+	VADDPS     Y8, Y6, Y6
+	VCVTPH2PS  112(R13), Y8
+	VADDPS     Y8, Y7, Y7
+	CMPQ       R8, DI
+	JAE        poolAVX2FP16_pfskip3
+	MOVLQSX    (R8), R13
+	SHLQ       $0x08, R13
+	ADDQ       (SI)(R9*8), R13
+	PREFETCHT2 (R13)
+	PREFETCHT2 64(R13)
+	PREFETCHT2 128(R13)
+	PREFETCHT2 192(R13)
+	ADDQ       $0x04, R8
+	INCQ       R9
+	CMPQ       R9, width+56(FP)
+	JB         poolAVX2FP16_pfskip3
+	XORQ       R9, R9
+
+poolAVX2FP16_pfskip3:
+	DECQ R11
+	JNZ  poolAVX2FP16_bag
+
+poolAVX2FP16_store:
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VMOVUPS Y6, 192(AX)
+	VMOVUPS Y7, 224(AX)
+
+	// Segment 1 of the row: back to the bag's first id.
+	MOVQ (BX)(R10*8), R11
+	SHLQ $0x02, R11
+	SUBQ R11, CX
+	MOVQ (BX)(R10*8), R11
+
+	// First row of the bag: load.
+	MOVLQSX   (CX), R13
+	SHLQ      $0x08, R13
+	ADDQ      R12, R13
+	ADDQ      $0x04, CX
+	VCVTPH2PS 128(R13), Y0
+	VPMOVZXWD 128(R13), Y1
+	VPSLLD    $0x0d, Y1, Y1
+	VCMPPS    $0x03, Y0, Y0, Y2
+	VPXOR     Y0, Y1, Y1
+	VPAND     Y2, Y1, Y1
+	VPAND     quietbit<>+0(SB), Y1, Y1
+	VPXOR     Y1, Y0, Y0
+	VCVTPH2PS 144(R13), Y1
+	VPMOVZXWD 144(R13), Y2
+	VPSLLD    $0x0d, Y2, Y2
+	VCMPPS    $0x03, Y1, Y1, Y3
+	VPXOR     Y1, Y2, Y2
+	VPAND     Y3, Y2, Y2
+	VPAND     quietbit<>+0(SB), Y2, Y2
+	VPXOR     Y2, Y1, Y1
+	VCVTPH2PS 160(R13), Y2
+	VPMOVZXWD 160(R13), Y3
+	VPSLLD    $0x0d, Y3, Y3
+	VCMPPS    $0x03, Y2, Y2, Y4
+	VPXOR     Y2, Y3, Y3
+	VPAND     Y4, Y3, Y3
+	VPAND     quietbit<>+0(SB), Y3, Y3
+	VPXOR     Y3, Y2, Y2
+	VCVTPH2PS 176(R13), Y3
+	VPMOVZXWD 176(R13), Y4
+	VPSLLD    $0x0d, Y4, Y4
+	VCMPPS    $0x03, Y3, Y3, Y5
+	VPXOR     Y3, Y4, Y4
+	VPAND     Y5, Y4, Y4
+	VPAND     quietbit<>+0(SB), Y4, Y4
+	VPXOR     Y4, Y3, Y3
+	VCVTPH2PS 192(R13), Y4
+	VPMOVZXWD 192(R13), Y5
+	VPSLLD    $0x0d, Y5, Y5
+	VCMPPS    $0x03, Y4, Y4, Y6
+	VPXOR     Y4, Y5, Y5
+	VPAND     Y6, Y5, Y5
+	VPAND     quietbit<>+0(SB), Y5, Y5
+	VPXOR     Y5, Y4, Y4
+	VCVTPH2PS 208(R13), Y5
+	VPMOVZXWD 208(R13), Y6
+	VPSLLD    $0x0d, Y6, Y6
+	VCMPPS    $0x03, Y5, Y5, Y7
+	VPXOR     Y5, Y6, Y6
+	VPAND     Y7, Y6, Y6
+	VPAND     quietbit<>+0(SB), Y6, Y6
+	VPXOR     Y6, Y5, Y5
+	VCVTPH2PS 224(R13), Y6
+	VPMOVZXWD 224(R13), Y7
+	VPSLLD    $0x0d, Y7, Y7
+	VCMPPS    $0x03, Y6, Y6, Y8
+	VPXOR     Y6, Y7, Y7
+	VPAND     Y8, Y7, Y7
+	VPAND     quietbit<>+0(SB), Y7, Y7
+	VPXOR     Y7, Y6, Y6
+	VCVTPH2PS 240(R13), Y7
+	VPMOVZXWD 240(R13), Y8
+	VPSLLD    $0x0d, Y8, Y8
+	VCMPPS    $0x03, Y7, Y7, Y9
+	VPXOR     Y7, Y8, Y8
+	VPAND     Y9, Y8, Y8
+	VPAND     quietbit<>+0(SB), Y8, Y8
+	VPXOR     Y8, Y7, Y7
+	DECQ      R11
+	JZ        poolAVX2FP16_store1
+
+	// Every further row: add.
+poolAVX2FP16_bag1:
+	MOVLQSX   (CX), R13
+	SHLQ      $0x08, R13
+	ADDQ      R12, R13
+	ADDQ      $0x04, CX
+	VCVTPH2PS 128(R13), Y8
+	VADDPS    Y8, Y0, Y0
+	VCVTPH2PS 144(R13), Y8
+	VADDPS    Y8, Y1, Y1
+	VCVTPH2PS 160(R13), Y8
+	VADDPS    Y8, Y2, Y2
+	VCVTPH2PS 176(R13), Y8
+	VADDPS    Y8, Y3, Y3
+	VCVTPH2PS 192(R13), Y8
+	VADDPS    Y8, Y4, Y4
+	VCVTPH2PS 208(R13), Y8
+	VADDPS    Y8, Y5, Y5
+	VCVTPH2PS 224(R13), Y8
+	VADDPS    Y8, Y6, Y6
+	VCVTPH2PS 240(R13), Y8
+	VADDPS    Y8, Y7, Y7
+	DECQ      R11
+	JNZ       poolAVX2FP16_bag1
+
+poolAVX2FP16_store1:
+	VMOVUPS Y0, 256(AX)
+	VMOVUPS Y1, 288(AX)
+	VMOVUPS Y2, 320(AX)
+	VMOVUPS Y3, 352(AX)
+	VMOVUPS Y4, 384(AX)
+	VMOVUPS Y5, 416(AX)
+	VMOVUPS Y6, 448(AX)
+	VMOVUPS Y7, 480(AX)
+	ADDQ    $0x00000200, AX
+	INCQ    R10
+	CMPQ    R10, ntab+40(FP)
+	JB      poolAVX2FP16_table
+	CMPQ    CX, DI
+	JB      poolAVX2FP16_example
+
+poolAVX2FP16_done:
+	VZEROUPPER
+	RET
+
+poolAVX2Int8:
+	MOVQ out+0(FP), AX
+	MOVQ ids+8(FP), CX
+	MOVQ bases+24(FP), DX
+	MOVQ hot+32(FP), BX
+	MOVQ pos+48(FP), SI
+
+	// end = ids + n*width*4: where both cursors stop.
+	MOVQ  n+16(FP), DI
+	IMULQ width+56(FP), DI
+	LEAQ  (CX)(DI*4), DI
+
+	// Prefetch cursor: pk walks the ids, pp is its position in an example.
+	MOVQ CX, R8
+	XORQ R9, R9
+
+	// Warm up: put the first dist rows in flight.
+	MOVQ  dist+64(FP), R10
+	TESTQ R10, R10
+	JLE   poolAVX2Int8_start
+
+poolAVX2Int8_warm:
+	CMPQ       R8, DI
+	JAE        poolAVX2Int8_pfskip1
+	MOVLQSX    (R8), R11
+	IMUL3Q     $0x00000088, R11, R11
+	ADDQ       (SI)(R9*8), R11
+	PREFETCHT2 (R11)
+	PREFETCHT2 64(R11)
+	PREFETCHT2 128(R11)
+	ADDQ       $0x04, R8
+	INCQ       R9
+	CMPQ       R9, width+56(FP)
+	JB         poolAVX2Int8_pfskip1
+	XORQ       R9, R9
+
+poolAVX2Int8_pfskip1:
+	DECQ R10
+	JNZ  poolAVX2Int8_warm
+
+poolAVX2Int8_start:
+	CMPQ CX, DI
+	JAE  poolAVX2Int8_done
+
+poolAVX2Int8_example:
+	XORQ R10, R10
+
+poolAVX2Int8_table:
+	MOVQ (BX)(R10*8), R11
+	MOVQ (DX)(R10*8), R12
+
+	// First row of the bag: load.
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000088, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VBROADCASTSS 128(R13), Y8
+	VBROADCASTSS 132(R13), Y9
+	VPMOVZXBD    (R13), Y0
+	VCVTDQ2PS    Y0, Y0
+	VMULPS       Y8, Y0, Y0
+	VADDPS       Y9, Y0, Y0
+	VPMOVZXBD    8(R13), Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y8, Y1, Y1
+	VADDPS       Y9, Y1, Y1
+	VPMOVZXBD    16(R13), Y2
+	VCVTDQ2PS    Y2, Y2
+	VMULPS       Y8, Y2, Y2
+	VADDPS       Y9, Y2, Y2
+	VPMOVZXBD    24(R13), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y8, Y3, Y3
+	VADDPS       Y9, Y3, Y3
+	VPMOVZXBD    32(R13), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y8, Y4, Y4
+	VADDPS       Y9, Y4, Y4
+	VPMOVZXBD    40(R13), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y8, Y5, Y5
+	VADDPS       Y9, Y5, Y5
+	VPMOVZXBD    48(R13), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y8, Y6, Y6
+	VADDPS       Y9, Y6, Y6
+	VPMOVZXBD    56(R13), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y8, Y7, Y7
+	VADDPS       Y9, Y7, Y7
+	CMPQ         R8, DI
+	JAE          poolAVX2Int8_pfskip2
+	MOVLQSX      (R8), R13
+	IMUL3Q       $0x00000088, R13, R13
+	ADDQ         (SI)(R9*8), R13
+	PREFETCHT2   (R13)
+	PREFETCHT2   64(R13)
+	PREFETCHT2   128(R13)
+	ADDQ         $0x04, R8
+	INCQ         R9
+	CMPQ         R9, width+56(FP)
+	JB           poolAVX2Int8_pfskip2
+	XORQ         R9, R9
+
+poolAVX2Int8_pfskip2:
+	DECQ R11
+	JZ   poolAVX2Int8_store
+
+	// Every further row: add.
+poolAVX2Int8_bag:
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000088, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VBROADCASTSS 128(R13), Y8
+	VBROADCASTSS 132(R13), Y9
+	VPMOVZXBD    (R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y0, Y0
+	VPMOVZXBD    8(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y1, Y1
+	VPMOVZXBD    16(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y2, Y2
+	VPMOVZXBD    24(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y3, Y3
+	VPMOVZXBD    32(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y4, Y4
+	VPMOVZXBD    40(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y5, Y5
+	VPMOVZXBD    48(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y6, Y6
+	VPMOVZXBD    56(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y7, Y7
+	CMPQ         R8, DI
+	JAE          poolAVX2Int8_pfskip3
+	MOVLQSX      (R8), R13
+	IMUL3Q       $0x00000088, R13, R13
+	ADDQ         (SI)(R9*8), R13
+	PREFETCHT2   (R13)
+	PREFETCHT2   64(R13)
+	PREFETCHT2   128(R13)
+	ADDQ         $0x04, R8
+	INCQ         R9
+	CMPQ         R9, width+56(FP)
+	JB           poolAVX2Int8_pfskip3
+	XORQ         R9, R9
+
+poolAVX2Int8_pfskip3:
+	DECQ R11
+	JNZ  poolAVX2Int8_bag
+
+poolAVX2Int8_store:
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VMOVUPS Y6, 192(AX)
+	VMOVUPS Y7, 224(AX)
+
+	// Segment 1 of the row: back to the bag's first id.
+	MOVQ (BX)(R10*8), R11
+	SHLQ $0x02, R11
+	SUBQ R11, CX
+	MOVQ (BX)(R10*8), R11
+
+	// First row of the bag: load.
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000088, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VBROADCASTSS 128(R13), Y8
+	VBROADCASTSS 132(R13), Y9
+	VPMOVZXBD    64(R13), Y0
+	VCVTDQ2PS    Y0, Y0
+	VMULPS       Y8, Y0, Y0
+	VADDPS       Y9, Y0, Y0
+	VPMOVZXBD    72(R13), Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y8, Y1, Y1
+	VADDPS       Y9, Y1, Y1
+	VPMOVZXBD    80(R13), Y2
+	VCVTDQ2PS    Y2, Y2
+	VMULPS       Y8, Y2, Y2
+	VADDPS       Y9, Y2, Y2
+	VPMOVZXBD    88(R13), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y8, Y3, Y3
+	VADDPS       Y9, Y3, Y3
+	VPMOVZXBD    96(R13), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y8, Y4, Y4
+	VADDPS       Y9, Y4, Y4
+	VPMOVZXBD    104(R13), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y8, Y5, Y5
+	VADDPS       Y9, Y5, Y5
+	VPMOVZXBD    112(R13), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y8, Y6, Y6
+	VADDPS       Y9, Y6, Y6
+	VPMOVZXBD    120(R13), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y8, Y7, Y7
+	VADDPS       Y9, Y7, Y7
+	DECQ         R11
+	JZ           poolAVX2Int8_store1
+
+	// Every further row: add.
+poolAVX2Int8_bag1:
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000088, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VBROADCASTSS 128(R13), Y8
+	VBROADCASTSS 132(R13), Y9
+	VPMOVZXBD    64(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y0, Y0
+	VPMOVZXBD    72(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y1, Y1
+	VPMOVZXBD    80(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y2, Y2
+	VPMOVZXBD    88(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y3, Y3
+	VPMOVZXBD    96(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y4, Y4
+	VPMOVZXBD    104(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y5, Y5
+	VPMOVZXBD    112(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y6, Y6
+	VPMOVZXBD    120(R13), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y7, Y7
+	DECQ         R11
+	JNZ          poolAVX2Int8_bag1
+
+poolAVX2Int8_store1:
+	VMOVUPS Y0, 256(AX)
+	VMOVUPS Y1, 288(AX)
+	VMOVUPS Y2, 320(AX)
+	VMOVUPS Y3, 352(AX)
+	VMOVUPS Y4, 384(AX)
+	VMOVUPS Y5, 416(AX)
+	VMOVUPS Y6, 448(AX)
+	VMOVUPS Y7, 480(AX)
+	ADDQ    $0x00000200, AX
+	INCQ    R10
+	CMPQ    R10, ntab+40(FP)
+	JB      poolAVX2Int8_table
+	CMPQ    CX, DI
+	JB      poolAVX2Int8_example
+
+poolAVX2Int8_done:
+	VZEROUPPER
+	RET
+
+poolAVX2Int4:
+	MOVQ out+0(FP), AX
+	MOVQ ids+8(FP), CX
+	MOVQ bases+24(FP), DX
+	MOVQ hot+32(FP), BX
+	MOVQ pos+48(FP), SI
+
+	// end = ids + n*width*4: where both cursors stop.
+	MOVQ  n+16(FP), DI
+	IMULQ width+56(FP), DI
+	LEAQ  (CX)(DI*4), DI
+
+	// Prefetch cursor: pk walks the ids, pp is its position in an example.
+	MOVQ CX, R8
+	XORQ R9, R9
+
+	// Warm up: put the first dist rows in flight.
+	MOVQ  dist+64(FP), R10
+	TESTQ R10, R10
+	JLE   poolAVX2Int4_start
+
+poolAVX2Int4_warm:
+	CMPQ       R8, DI
+	JAE        poolAVX2Int4_pfskip1
+	MOVLQSX    (R8), R11
+	IMUL3Q     $0x00000044, R11, R11
+	ADDQ       (SI)(R9*8), R11
+	PREFETCHT2 (R11)
+	PREFETCHT2 64(R11)
+	ADDQ       $0x04, R8
+	INCQ       R9
+	CMPQ       R9, width+56(FP)
+	JB         poolAVX2Int4_pfskip1
+	XORQ       R9, R9
+
+poolAVX2Int4_pfskip1:
+	DECQ R10
+	JNZ  poolAVX2Int4_warm
+
+poolAVX2Int4_start:
+	CMPQ CX, DI
+	JAE  poolAVX2Int4_done
+
+poolAVX2Int4_example:
+	XORQ R10, R10
+
+poolAVX2Int4_table:
+	MOVQ (BX)(R10*8), R11
+	MOVQ (DX)(R10*8), R12
+
+	// First row of the bag: load.
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000044, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VPBROADCASTW 64(R13), X0
+	VCVTPH2PS    X0, Y8
+	VPBROADCASTW 66(R13), X0
+	VCVTPH2PS    X0, Y9
+	VPMOVZXBW    (R13), X1
+	VPSLLW       $0x04, X1, X0
+	VPOR         X0, X1, X1
+	VPAND        nibbles<>+0(SB), X1, X1
+	VPMOVZXBD    X1, Y0
+	VCVTDQ2PS    Y0, Y0
+	VMULPS       Y8, Y0, Y0
+	VADDPS       Y9, Y0, Y0
+	VPSHUFD      $0xee, X1, X1
+	VPMOVZXBD    X1, Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y8, Y1, Y1
+	VADDPS       Y9, Y1, Y1
+	VPMOVZXBW    8(R13), X3
+	VPSLLW       $0x04, X3, X2
+	VPOR         X2, X3, X3
+	VPAND        nibbles<>+0(SB), X3, X3
+	VPMOVZXBD    X3, Y2
+	VCVTDQ2PS    Y2, Y2
+	VMULPS       Y8, Y2, Y2
+	VADDPS       Y9, Y2, Y2
+	VPSHUFD      $0xee, X3, X3
+	VPMOVZXBD    X3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y8, Y3, Y3
+	VADDPS       Y9, Y3, Y3
+	VPMOVZXBW    16(R13), X5
+	VPSLLW       $0x04, X5, X4
+	VPOR         X4, X5, X5
+	VPAND        nibbles<>+0(SB), X5, X5
+	VPMOVZXBD    X5, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y8, Y4, Y4
+	VADDPS       Y9, Y4, Y4
+	VPSHUFD      $0xee, X5, X5
+	VPMOVZXBD    X5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y8, Y5, Y5
+	VADDPS       Y9, Y5, Y5
+	VPMOVZXBW    24(R13), X7
+	VPSLLW       $0x04, X7, X6
+	VPOR         X6, X7, X7
+	VPAND        nibbles<>+0(SB), X7, X7
+	VPMOVZXBD    X7, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y8, Y6, Y6
+	VADDPS       Y9, Y6, Y6
+	VPSHUFD      $0xee, X7, X7
+	VPMOVZXBD    X7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y8, Y7, Y7
+	VADDPS       Y9, Y7, Y7
+	CMPQ         R8, DI
+	JAE          poolAVX2Int4_pfskip2
+	MOVLQSX      (R8), R13
+	IMUL3Q       $0x00000044, R13, R13
+	ADDQ         (SI)(R9*8), R13
+	PREFETCHT2   (R13)
+	PREFETCHT2   64(R13)
+	ADDQ         $0x04, R8
+	INCQ         R9
+	CMPQ         R9, width+56(FP)
+	JB           poolAVX2Int4_pfskip2
+	XORQ         R9, R9
+
+poolAVX2Int4_pfskip2:
+	DECQ R11
+	JZ   poolAVX2Int4_store
+
+	// Every further row: add.
+poolAVX2Int4_bag:
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000044, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VPBROADCASTW 64(R13), X8
+	VCVTPH2PS    X8, Y8
+	VPBROADCASTW 66(R13), X9
+	VCVTPH2PS    X9, Y9
+	VPMOVZXBW    (R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y8, Y11, Y11
+	VADDPS       Y9, Y11, Y11
+	VADDPS       Y11, Y0, Y0
+	VPSHUFD      $0xee, X10, X10
+	VPMOVZXBD    X10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y1, Y1
+	VPMOVZXBW    8(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y8, Y11, Y11
+	VADDPS       Y9, Y11, Y11
+	VADDPS       Y11, Y2, Y2
+	VPSHUFD      $0xee, X10, X10
+	VPMOVZXBD    X10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y3, Y3
+	VPMOVZXBW    16(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y8, Y11, Y11
+	VADDPS       Y9, Y11, Y11
+	VADDPS       Y11, Y4, Y4
+	VPSHUFD      $0xee, X10, X10
+	VPMOVZXBD    X10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y5, Y5
+	VPMOVZXBW    24(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y8, Y11, Y11
+	VADDPS       Y9, Y11, Y11
+	VADDPS       Y11, Y6, Y6
+	VPSHUFD      $0xee, X10, X10
+	VPMOVZXBD    X10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y7, Y7
+	CMPQ         R8, DI
+	JAE          poolAVX2Int4_pfskip3
+	MOVLQSX      (R8), R13
+	IMUL3Q       $0x00000044, R13, R13
+	ADDQ         (SI)(R9*8), R13
+	PREFETCHT2   (R13)
+	PREFETCHT2   64(R13)
+	ADDQ         $0x04, R8
+	INCQ         R9
+	CMPQ         R9, width+56(FP)
+	JB           poolAVX2Int4_pfskip3
+	XORQ         R9, R9
+
+poolAVX2Int4_pfskip3:
+	DECQ R11
+	JNZ  poolAVX2Int4_bag
+
+poolAVX2Int4_store:
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VMOVUPS Y4, 128(AX)
+	VMOVUPS Y5, 160(AX)
+	VMOVUPS Y6, 192(AX)
+	VMOVUPS Y7, 224(AX)
+
+	// Segment 1 of the row: back to the bag's first id.
+	MOVQ (BX)(R10*8), R11
+	SHLQ $0x02, R11
+	SUBQ R11, CX
+	MOVQ (BX)(R10*8), R11
+
+	// First row of the bag: load.
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000044, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VPBROADCASTW 64(R13), X0
+	VCVTPH2PS    X0, Y8
+	VPBROADCASTW 66(R13), X0
+	VCVTPH2PS    X0, Y9
+	VPMOVZXBW    32(R13), X1
+	VPSLLW       $0x04, X1, X0
+	VPOR         X0, X1, X1
+	VPAND        nibbles<>+0(SB), X1, X1
+	VPMOVZXBD    X1, Y0
+	VCVTDQ2PS    Y0, Y0
+	VMULPS       Y8, Y0, Y0
+	VADDPS       Y9, Y0, Y0
+	VPSHUFD      $0xee, X1, X1
+	VPMOVZXBD    X1, Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y8, Y1, Y1
+	VADDPS       Y9, Y1, Y1
+	VPMOVZXBW    40(R13), X3
+	VPSLLW       $0x04, X3, X2
+	VPOR         X2, X3, X3
+	VPAND        nibbles<>+0(SB), X3, X3
+	VPMOVZXBD    X3, Y2
+	VCVTDQ2PS    Y2, Y2
+	VMULPS       Y8, Y2, Y2
+	VADDPS       Y9, Y2, Y2
+	VPSHUFD      $0xee, X3, X3
+	VPMOVZXBD    X3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y8, Y3, Y3
+	VADDPS       Y9, Y3, Y3
+	VPMOVZXBW    48(R13), X5
+	VPSLLW       $0x04, X5, X4
+	VPOR         X4, X5, X5
+	VPAND        nibbles<>+0(SB), X5, X5
+	VPMOVZXBD    X5, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y8, Y4, Y4
+	VADDPS       Y9, Y4, Y4
+	VPSHUFD      $0xee, X5, X5
+	VPMOVZXBD    X5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y8, Y5, Y5
+	VADDPS       Y9, Y5, Y5
+	VPMOVZXBW    56(R13), X7
+	VPSLLW       $0x04, X7, X6
+	VPOR         X6, X7, X7
+	VPAND        nibbles<>+0(SB), X7, X7
+	VPMOVZXBD    X7, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y8, Y6, Y6
+	VADDPS       Y9, Y6, Y6
+	VPSHUFD      $0xee, X7, X7
+	VPMOVZXBD    X7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y8, Y7, Y7
+	VADDPS       Y9, Y7, Y7
+	DECQ         R11
+	JZ           poolAVX2Int4_store1
+
+	// Every further row: add.
+poolAVX2Int4_bag1:
+	MOVLQSX      (CX), R13
+	IMUL3Q       $0x00000044, R13, R13
+	ADDQ         R12, R13
+	ADDQ         $0x04, CX
+	VPBROADCASTW 64(R13), X8
+	VCVTPH2PS    X8, Y8
+	VPBROADCASTW 66(R13), X9
+	VCVTPH2PS    X9, Y9
+	VPMOVZXBW    32(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y8, Y11, Y11
+	VADDPS       Y9, Y11, Y11
+	VADDPS       Y11, Y0, Y0
+	VPSHUFD      $0xee, X10, X10
+	VPMOVZXBD    X10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y1, Y1
+	VPMOVZXBW    40(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y8, Y11, Y11
+	VADDPS       Y9, Y11, Y11
+	VADDPS       Y11, Y2, Y2
+	VPSHUFD      $0xee, X10, X10
+	VPMOVZXBD    X10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y3, Y3
+	VPMOVZXBW    48(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y8, Y11, Y11
+	VADDPS       Y9, Y11, Y11
+	VADDPS       Y11, Y4, Y4
+	VPSHUFD      $0xee, X10, X10
+	VPMOVZXBD    X10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y5, Y5
+	VPMOVZXBW    56(R13), X10
+	VPSLLW       $0x04, X10, X11
+	VPOR         X11, X10, X10
+	VPAND        nibbles<>+0(SB), X10, X10
+	VPMOVZXBD    X10, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y8, Y11, Y11
+	VADDPS       Y9, Y11, Y11
+	VADDPS       Y11, Y6, Y6
+	VPSHUFD      $0xee, X10, X10
+	VPMOVZXBD    X10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VADDPS       Y9, Y10, Y10
+	VADDPS       Y10, Y7, Y7
+	DECQ         R11
+	JNZ          poolAVX2Int4_bag1
+
+poolAVX2Int4_store1:
+	VMOVUPS Y0, 256(AX)
+	VMOVUPS Y1, 288(AX)
+	VMOVUPS Y2, 320(AX)
+	VMOVUPS Y3, 352(AX)
+	VMOVUPS Y4, 384(AX)
+	VMOVUPS Y5, 416(AX)
+	VMOVUPS Y6, 448(AX)
+	VMOVUPS Y7, 480(AX)
+	ADDQ    $0x00000200, AX
+	INCQ    R10
+	CMPQ    R10, ntab+40(FP)
+	JB      poolAVX2Int4_table
+	CMPQ    CX, DI
+	JB      poolAVX2Int4_example
+
+poolAVX2Int4_done:
 	VZEROUPPER
 	RET

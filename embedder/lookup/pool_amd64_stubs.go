@@ -8,14 +8,18 @@ package lookup
 // bases[t] is table t's first row and hot[t] its bag size (>= 1);
 // pos[p] is the table base of the id at position p of an example, for
 // the prefetch cursor. Every id must already be checked against its table.
+// prec is the tables' precision: its index in model.Dtypes() (0 fp32,
+// 1 fp16, 2 int8, 3 int4); each has a loop of its own.
 //
 //go:noescape
-func poolAVX512(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int)
+func poolAVX512(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int, prec int)
 
 // poolAVX2 sum-pools n examples of width ids each into out (n*ntab rows).
 // bases[t] is table t's first row and hot[t] its bag size (>= 1);
 // pos[p] is the table base of the id at position p of an example, for
 // the prefetch cursor. Every id must already be checked against its table.
+// prec is the tables' precision: its index in model.Dtypes() (0 fp32,
+// 1 fp16, 2 int8, 3 int4); each has a loop of its own.
 //
 //go:noescape
-func poolAVX2(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int)
+func poolAVX2(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int, prec int)

@@ -12,33 +12,216 @@ import (
 	"github.com/mmcloughlin/avo/reg"
 )
 
-// rowBytes is one embedding row: 128 float32 (lookup.Dim). The kernels are
-// written for this width only; package lookup refuses any other.
+// dim is the width of an embedding row (lookup.Dim): the kernels are
+// written for this width only, and package lookup refuses any other.
 const (
-	rowBytes = 128 * 4
-	rowShift = 9 // log2(rowBytes)
+	dim      = 128
+	outBytes = dim * 4 // one pooled float32 row
 	lineSize = 64
 )
 
-// vector describes one SIMD flavour: how many registers hold a row.
+// vector describes one SIMD flavour.
 type vector struct {
 	name  string
 	bytes int // register width in bytes
 	alloc func() reg.VecVirtual
+	// dequantRegs is how many accumulators hold a row segment in the
+	// dequantizing kernels: their temporaries must fit beside them, so
+	// AVX2 (16 registers) pools a bag in two passes of half a row each.
+	dequantRegs int
 }
+
+var (
+	avx512 = vector{name: "AVX512", bytes: 64, alloc: ZMM, dequantRegs: 8}
+	avx2   = vector{name: "AVX2", bytes: 32, alloc: YMM, dequantRegs: 8}
+)
+
+// lanes is the float32 elements of one register.
+func (v vector) lanes() int { return v.bytes / 4 }
+
+// precision describes how one stored row (model.Dtype) becomes float32.
+type precision struct {
+	name     string // in the labels of its loop
+	rowBytes int
+	// index turns an id (in a register) into the row's byte offset.
+	index func(r reg.GPVirtual)
+	// dequant makes acc the values of a segment of the row at row (first
+	// row of a bag) or adds them to acc (every further row).
+	dequant func(v vector, row reg.GPVirtual, acc []reg.VecVirtual, seg int, first bool)
+	fp32    bool // rows are float32: all of AVX2's 16 registers accumulate
+}
+
+// precisions are the loops of every kernel, in the order of
+// model.Dtypes(): a kernel's prec argument is the index.
+var precisions []precision
+
+// Constants of the dequantizing kernels.
+var (
+	nibbles  Mem // 16 bytes of 0x0f: the low nibble of every byte
+	quietBit Mem // 8 dwords of 1<<22: a float32's quiet-NaN bit
+)
 
 func main() {
 	ConstraintExpr("amd64,gc,!noasm")
-	for _, v := range []vector{
-		{name: "poolAVX512", bytes: 64, alloc: ZMM},
-		{name: "poolAVX2", bytes: 32, alloc: YMM},
-	} {
+	nibbles = GLOBL("nibbles", RODATA|NOPTR)
+	DATA(0, U64(0x0f0f0f0f0f0f0f0f))
+	DATA(8, U64(0x0f0f0f0f0f0f0f0f))
+	quietBit = GLOBL("quietbit", RODATA|NOPTR)
+	for i := 0; i < 32; i += 4 {
+		DATA(i, U32(1<<22))
+	}
+	precisions = []precision{fp32, fp16, int8, int4}
+	for _, v := range []vector{avx512, avx2} {
 		pool(v)
 	}
 	Generate()
 }
 
-// pool emits one kernel. The ids of the batch are one flat stream (example
+var fp32 = precision{
+	rowBytes: 4 * dim,
+	index:    func(r reg.GPVirtual) { SHLQ(U8(9), r) },
+	fp32:     true,
+	dequant: func(v vector, row reg.GPVirtual, acc []reg.VecVirtual, seg int, first bool) {
+		for i, a := range acc {
+			m := Mem{Base: row, Disp: i * v.bytes}
+			if first {
+				VMOVUPS(m, a)
+			} else {
+				VADDPS(m, a, a)
+			}
+		}
+	},
+}
+
+// fp16 rows are 128 halves. VCVTPH2PS widens them exactly but quiets a
+// signaling NaN, which model.Dtype (and the Go kernel) keep as they are:
+// a bag of one row stores its first row unchanged, so the first row of
+// every bag has bit 22 of its NaN lanes set back to the half's bit 9. A
+// further row is added, and the add quiets every NaN either way.
+var fp16 = precision{
+	name:     "FP16",
+	rowBytes: 2 * dim,
+	index:    func(r reg.GPVirtual) { SHLQ(U8(8), r) },
+	dequant: func(v vector, row reg.GPVirtual, acc []reg.VecVirtual, seg int, first bool) {
+		for i, a := range acc {
+			m := Mem{Base: row, Disp: 2 * v.lanes() * (seg*len(acc) + i)}
+			if !first {
+				x := v.alloc()
+				VCVTPH2PS(m, x)
+				VADDPS(x, a, a)
+				continue
+			}
+			VCVTPH2PS(m, a)
+			w := v.alloc()
+			VPMOVZXWD(m, w)
+			VPSLLD(U8(13), w, w) // the half's bit 9 at bit 22
+			if v.bytes == 64 {
+				k := K()
+				VCMPPS(U8(3), a, a, k) // unordered: the NaN lanes
+				// a = quietBit ? w : a, in the NaN lanes.
+				VPTERNLOGD_BCST(U8(0xd8), quietBit, w, k, a)
+				continue
+			}
+			nan := v.alloc()
+			VCMPPS(U8(3), a, a, nan)
+			VPXOR(a, w, w)
+			VPAND(nan, w, w)
+			VPAND(quietBit, w, w)
+			VPXOR(w, a, a)
+		}
+	},
+}
+
+// int8 rows are 128 bytes, a float32 scale and a float32 bias.
+var int8 = precision{
+	name:     "Int8",
+	rowBytes: dim + 8,
+	index:    func(r reg.GPVirtual) { IMUL3Q(U32(dim+8), r, r) },
+	dequant: func(v vector, row reg.GPVirtual, acc []reg.VecVirtual, seg int, first bool) {
+		scale, bias := v.alloc(), v.alloc()
+		VBROADCASTSS(Mem{Base: row, Disp: dim}, scale)
+		VBROADCASTSS(Mem{Base: row, Disp: dim + 4}, bias)
+		for i, a := range acc {
+			x := target(v, a, first)
+			VPMOVZXBD(Mem{Base: row, Disp: v.lanes() * (seg*len(acc) + i)}, x)
+			scaleAdd(x, a, scale, bias, first)
+		}
+	},
+}
+
+// int4 rows are 64 bytes of nibbles (element 2i in the low nibble of byte
+// i), a half scale and a half bias. Eight bytes at a time become sixteen
+// bytes of one element each: zero-extended to words, OR'd with themselves
+// shifted left 4 and masked to 0x0f0f, each word holds its low nibble in
+// its low byte and its high nibble in its high byte, which is element
+// order; those bytes are then zero-extended to dwords.
+var int4 = precision{
+	name:     "Int4",
+	rowBytes: dim/2 + 4,
+	index:    func(r reg.GPVirtual) { IMUL3Q(U32(dim/2+4), r, r) },
+	dequant: func(v vector, row reg.GPVirtual, acc []reg.VecVirtual, seg int, first bool) {
+		scale, bias := v.alloc(), v.alloc()
+		for _, f := range []struct {
+			off int
+			r   reg.VecVirtual
+		}{{dim / 2, scale}, {dim/2 + 2, bias}} {
+			h := half(v)
+			VPBROADCASTW(Mem{Base: row, Disp: f.off}, h)
+			VCVTPH2PS(h, f.r)
+		}
+		per := 16 / v.lanes() // registers per 8 bytes
+		for g := 0; g < len(acc)/per; g++ {
+			b, c := XMM(), XMM()
+			VPMOVZXBW(Mem{Base: row, Disp: 8 * (seg*len(acc)/per + g)}, b)
+			VPSLLW(U8(4), b, c)
+			VPOR(c, b, b)
+			VPAND(nibbles, b, b)
+			for j := 0; j < per; j++ {
+				a := acc[g*per+j]
+				if j > 0 {
+					VPSHUFD(U8(0xee), b, b) // the high 8 bytes down
+				}
+				x := target(v, a, first)
+				VPMOVZXBD(b, x)
+				scaleAdd(x, a, scale, bias, first)
+			}
+		}
+	},
+}
+
+// half is the register one broadcast half fills before its widening to
+// a register of v: the widening doubles the width.
+func half(v vector) reg.VecVirtual {
+	if v.bytes == 64 {
+		return YMM()
+	}
+	return XMM()
+}
+
+// target is where a dequantized register is built: the accumulator itself
+// for a bag's first row, else a temporary.
+func target(v vector, acc reg.VecVirtual, first bool) reg.VecVirtual {
+	if first {
+		return acc
+	}
+	return v.alloc()
+}
+
+// scaleAdd turns the integers in x into float32(q)·scale + bias, the
+// product rounded before the sum (no FMA, as model.Dtype requires), and
+// adds them to acc unless x is acc. The operand order matches the Go
+// kernel's, which decides which NaN comes out when both are NaN.
+func scaleAdd(x, acc, scale, bias reg.VecVirtual, first bool) {
+	VCVTDQ2PS(x, x)
+	VMULPS(scale, x, x)
+	VADDPS(bias, x, x)
+	if !first {
+		VADDPS(x, acc, acc)
+	}
+}
+
+// pool emits one kernel: a loop per precision (loop) behind a dispatch on
+// its prec argument, so Go calls one function per vector flavour. The ids of the batch are one flat stream (example
 // by example, bag by bag, in table order); the kernel walks it twice at
 // once: the pooling cursor, which sums each bag in registers and stores the
 // pooled row once, and a prefetch cursor dist rows ahead, which issues a
@@ -47,16 +230,37 @@ func main() {
 // bandwidth bound one; prefetching into L2 rather than L1 keeps them from
 // holding the L1 fill buffers the loads need (see DefaultPrefetchRows).
 // Rows of a bag are added first to last, the order of the plain-Go kernel,
-// so results are bit-identical to it.
+// so results are bit-identical to it. A kernel whose accumulators hold a
+// segment of the row only walks each bag once per segment, prefetching on
+// the first walk.
 func pool(v vector) {
-	TEXT(v.name, NOSPLIT, "func(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int)")
+	name := "pool" + v.name
+	TEXT(name, NOSPLIT, "func(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int, prec int)")
 	Pragma("noescape")
 	Doc(
-		v.name+" sum-pools n examples of width ids each into out (n*ntab rows).",
+		name+" sum-pools n examples of width ids each into out (n*ntab rows).",
 		"bases[t] is table t's first row and hot[t] its bag size (>= 1);",
 		"pos[p] is the table base of the id at position p of an example, for",
 		"the prefetch cursor. Every id must already be checked against its table.",
+		"prec is the tables' precision: its index in model.Dtypes() (0 fp32,",
+		"1 fp16, 2 int8, 3 int4); each has a loop of its own.",
 	)
+	Comment("Dispatch on prec; fp32's loop comes first.")
+	prec := Load(Param("prec"), GP64())
+	for i, p := range precisions[1:] {
+		CMPQ(prec, U8(i+1))
+		JE(LabelRef(name + p.name))
+	}
+	for i, p := range precisions {
+		if i > 0 {
+			Label(name + p.name)
+		}
+		loop(name+p.name, v, p)
+	}
+}
+
+// loop emits the pooling loop of one precision, labelled name.
+func loop(name string, v vector, p precision) {
 	out := Load(Param("out"), GP64())
 	idp := Load(Param("ids"), GP64())
 	bases := Load(Param("bases"), GP64())
@@ -79,14 +283,14 @@ func pool(v vector) {
 	n := 0
 	prefetch := func() {
 		n++
-		skip := fmt.Sprintf("%s_pfskip%d", v.name, n)
+		skip := fmt.Sprintf("%s_pfskip%d", name, n)
 		CMPQ(pk, end)
 		JAE(LabelRef(skip))
 		row := GP64()
 		MOVLQSX(Mem{Base: pk}, row)
-		SHLQ(U8(rowShift), row)
+		p.index(row)
 		ADDQ(Mem{Base: pos, Index: pp, Scale: 8}, row)
-		for off := 0; off < rowBytes; off += lineSize {
+		for off := 0; off < p.rowBytes; off += lineSize {
 			PREFETCHT2(Mem{Base: row, Disp: off})
 		}
 		ADDQ(U8(4), pk)
@@ -100,71 +304,88 @@ func pool(v vector) {
 	Comment("Warm up: put the first dist rows in flight.")
 	warm := Load(Param("dist"), GP64())
 	TESTQ(warm, warm)
-	JLE(LabelRef(v.name + "_start"))
-	Label(v.name + "_warm")
+	JLE(LabelRef(name + "_start"))
+	Label(name + "_warm")
 	prefetch()
 	DECQ(warm)
-	JNZ(LabelRef(v.name + "_warm"))
+	JNZ(LabelRef(name + "_warm"))
 
-	Label(v.name + "_start")
+	Label(name + "_start")
 	CMPQ(idp, end)
-	JAE(LabelRef(v.name + "_done"))
+	JAE(LabelRef(name + "_done"))
 
-	regs := rowBytes / v.bytes
+	regs := v.dequantRegs
+	if p.fp32 {
+		regs = outBytes / v.bytes
+	}
+	segs := outBytes / v.bytes / regs
 	acc := make([]reg.VecVirtual, regs)
 	for i := range acc {
 		acc[i] = v.alloc()
 	}
 
-	Label(v.name + "_example")
+	Label(name + "_example")
 	t := GP64()
 	XORQ(t, t)
 
-	Label(v.name + "_table")
+	Label(name + "_table")
 	h := GP64()
 	MOVQ(Mem{Base: hot, Index: t, Scale: 8}, h)
 	base := GP64()
 	MOVQ(Mem{Base: bases, Index: t, Scale: 8}, base)
 
-	Comment("First row of the bag: load.")
 	row := GP64()
-	MOVLQSX(Mem{Base: idp}, row)
-	SHLQ(U8(rowShift), row)
-	ADDQ(base, row)
-	ADDQ(U8(4), idp)
-	for i, a := range acc {
-		VMOVUPS(Mem{Base: row, Disp: i * v.bytes}, a)
+	// next points row at the bag's next row and advances the cursor.
+	next := func() {
+		MOVLQSX(Mem{Base: idp}, row)
+		p.index(row)
+		ADDQ(base, row)
+		ADDQ(U8(4), idp)
 	}
-	prefetch()
-	DECQ(h)
-	JZ(LabelRef(v.name + "_store"))
+	for s := 0; s < segs; s++ {
+		sfx := ""
+		if s > 0 {
+			sfx = fmt.Sprint(s)
+			Comment(fmt.Sprintf("Segment %d of the row: back to the bag's first id.", s))
+			MOVQ(Mem{Base: hot, Index: t, Scale: 8}, h)
+			SHLQ(U8(2), h)
+			SUBQ(h, idp)
+			MOVQ(Mem{Base: hot, Index: t, Scale: 8}, h)
+		}
+		for _, first := range []bool{true, false} {
+			if first {
+				Comment("First row of the bag: load.")
+			} else {
+				Comment("Every further row: add.")
+				Label(name + "_bag" + sfx)
+			}
+			next()
+			p.dequant(v, row, acc, s, first)
+			if s == 0 {
+				prefetch()
+			}
+			DECQ(h)
+			if first {
+				JZ(LabelRef(name + "_store" + sfx))
+			} else {
+				JNZ(LabelRef(name + "_bag" + sfx))
+			}
+		}
 
-	Comment("Every further row: add.")
-	Label(v.name + "_bag")
-	MOVLQSX(Mem{Base: idp}, row)
-	SHLQ(U8(rowShift), row)
-	ADDQ(base, row)
-	ADDQ(U8(4), idp)
-	for i, a := range acc {
-		VADDPS(Mem{Base: row, Disp: i * v.bytes}, a, a)
+		Label(name + "_store" + sfx)
+		for i, a := range acc {
+			VMOVUPS(a, Mem{Base: out, Disp: (s*regs + i) * v.bytes})
+		}
 	}
-	prefetch()
-	DECQ(h)
-	JNZ(LabelRef(v.name + "_bag"))
-
-	Label(v.name + "_store")
-	for i, a := range acc {
-		VMOVUPS(a, Mem{Base: out, Disp: i * v.bytes})
-	}
-	ADDQ(U32(rowBytes), out)
+	ADDQ(U32(outBytes), out)
 	INCQ(t)
 	CMPQ(t, paramAddr("ntab"))
-	JB(LabelRef(v.name + "_table"))
+	JB(LabelRef(name + "_table"))
 
 	CMPQ(idp, end)
-	JB(LabelRef(v.name + "_example"))
+	JB(LabelRef(name + "_example"))
 
-	Label(v.name + "_done")
+	Label(name + "_done")
 	VZEROUPPER()
 	RET()
 }
