@@ -47,11 +47,19 @@ func LoadStore(dir string) (*Store, error) {
 		region.Close()
 		return nil, fmt.Errorf("embedder: lay out %s tables: %w", cfg.TableDtype, err)
 	}
+	// One pass front to back: ask for read-ahead, and drop each table's
+	// file pages once copied, so the page cache never holds more than one
+	// table beside the region. A bundle bigger than half of the machine's
+	// memory then loads with no second copy to reclaim (docs/design.md
+	// says what a rollout of one needs).
+	_ = b.Advise(unix.MADV_SEQUENTIAL)
 	for i := range data {
 		copy(data[i], b.TableData(i))
+		if err := b.ReleaseTable(i); err != nil {
+			region.Close()
+			return nil, fmt.Errorf("embedder: load tables: %w", err)
+		}
 	}
-	// The copy is the only one we need: let the kernel drop the file pages.
-	_ = b.Advise(unix.MADV_DONTNEED)
 	tables, err := lookup.NewTablesOf(cfg.TableDtype, data, cfg.Hotness)
 	if err != nil {
 		region.Close()

@@ -35,6 +35,7 @@ type Bundle struct {
 	// Dir is the directory the bundle was opened from.
 	Dir string
 
+	path    string               // model.safetensors, for ReleaseTable's fadvise
 	mapping []byte               // the whole of model.safetensors; nil once closed
 	tensors map[string][]float32 // every float32 tensor, by name
 	tables  [][]byte             // every table's stored rows, by index
@@ -85,7 +86,7 @@ func open(dir string) (*Bundle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: mmap: %w", WeightsFile, err)
 	}
-	b := &Bundle{Config: cfg, Dir: dir, mapping: mapping}
+	b := &Bundle{Config: cfg, Dir: dir, path: path, mapping: mapping}
 	if err := b.load(); err != nil {
 		unix.Munmap(mapping)
 		return nil, fmt.Errorf("%s: %w", WeightsFile, err)
@@ -370,6 +371,47 @@ func (b *Bundle) Advise(advice int) error {
 	}
 	if err := unix.Madvise(b.mapping, advice); err != nil {
 		return fmt.Errorf("model: advise bundle %s: madvise %d: %w", b.Dir, advice, err)
+	}
+	return nil
+}
+
+// ReleaseTable drops table i's pages from this mapping and then from the
+// page cache, so a caller that copies the tables out one by one (the
+// embedder) never holds the file's copy of more than one table beside its
+// own: a bundle larger than half of the machine's memory then loads
+// without reclaim having to find the space. Pages another process maps
+// stay cached (fadvise only drops unmapped clean pages); the table must not
+// be read through this bundle afterwards, though reading it is still safe
+// (the pages come back from the file).
+func (b *Bundle) ReleaseTable(i int) error {
+	t, err := b.tableData(i)
+	if err != nil {
+		return err
+	}
+	if len(t) == 0 {
+		return nil
+	}
+	// madvise needs a page-aligned start; the partial pages at either end
+	// are shared with neighbouring tensors and are left alone.
+	page := uintptr(os.Getpagesize())
+	base := uintptr(unsafe.Pointer(&b.mapping[0]))
+	start := uintptr(unsafe.Pointer(&t[0])) - base
+	end := start + uintptr(len(t))
+	alignedStart := (start + page - 1) &^ (page - 1)
+	alignedEnd := end &^ (page - 1)
+	if alignedEnd <= alignedStart {
+		return nil
+	}
+	if err := unix.Madvise(b.mapping[alignedStart:alignedEnd], unix.MADV_DONTNEED); err != nil {
+		return fmt.Errorf("model: release table %d of %s: madvise: %w", i, b.Dir, err)
+	}
+	f, err := os.Open(b.path)
+	if err != nil {
+		return fmt.Errorf("model: release table %d of %s: %w", i, b.Dir, err)
+	}
+	defer f.Close()
+	if err := dropCached(f, int64(alignedStart), int64(alignedEnd-alignedStart)); err != nil {
+		return fmt.Errorf("model: release table %d of %s: fadvise: %w", i, b.Dir, err)
 	}
 	return nil
 }

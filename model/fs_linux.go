@@ -23,3 +23,9 @@ func preallocate(f *os.File, size int64) error {
 func exchange(a, b string) error {
 	return unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE)
 }
+
+// dropCached asks the kernel to drop the clean, unmapped page-cache pages of
+// f's bytes [off, off+n).
+func dropCached(f *os.File, off, n int64) error {
+	return unix.Fadvise(int(f.Fd()), off, n, unix.FADV_DONTNEED)
+}
