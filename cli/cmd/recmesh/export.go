@@ -123,10 +123,20 @@ func runExport(ctx context.Context, e *env, args []string) error {
 	}
 	var written int64
 	start := time.Now()
+	// Off a terminal (a log, CI, a pipe) progress is a line every
+	// exportReportEvery, so an export of the full tables (minutes) does
+	// not look hung and a small one prints only its summary.
+	lastReport := start
 	err = model.Export(ctx, *out, cfg, *seed, func(done, total int64) {
 		written = total
 		if bar != nil {
 			bar.Update(done, total)
+			return
+		}
+		if now := time.Now(); total > 0 && done < total && now.Sub(lastReport) >= exportReportEvery {
+			lastReport = now
+			fmt.Fprintf(e.stderr, "export: %d%% (%.1f of %.1f GB, %.0fs)\n",
+				done*100/total, float64(done)/1e9, float64(total)/1e9, now.Sub(start).Seconds())
 		}
 	})
 	if bar != nil {
@@ -139,6 +149,9 @@ func runExport(ctx context.Context, e *env, args []string) error {
 		*out, cfg.Name, cfg.TableDtype, cfg.TotalRows(), written, time.Since(start).Seconds())
 	return nil
 }
+
+// exportReportEvery is how often an export off a terminal says how far it is.
+const exportReportEvery = 10 * time.Second
 
 // widthsFlag is a comma-separated list of layer widths, each a positive
 // integer; whether the list ends where the model needs it to is left to
