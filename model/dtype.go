@@ -192,7 +192,14 @@ func (d Dtype) QuantizeRow(dst []byte, src []float32) error {
 		if v-v != 0 { // NaN or ±Inf
 			return fmt.Errorf("model: quantize %s row: element %d is %v", d, j, v)
 		}
-		lo, hi = min(lo, v), max(hi, v)
+		// min and max by hand (they are slow on floats): -0 is below +0,
+		// as min and max order them; NaN was refused above.
+		if v < lo || v == lo && math.Signbit(float64(v)) {
+			lo = v
+		}
+		if v > hi || v == hi && !math.Signbit(float64(v)) {
+			hi = v
+		}
 	}
 	switch d.norm() {
 	case DtypeFP32:
@@ -215,6 +222,9 @@ func (d Dtype) QuantizeRow(dst []byte, src []float32) error {
 		return err
 	}
 	clear(dst[:l.Values])
+	// The precision is decided once, outside the loop: a row is quantized
+	// for every row of every table exported.
+	is8, levels := d.norm() == DtypeInt8, d.levels()
 	for j, v := range src {
 		q := uint8(0)
 		if scale != 0 {
@@ -222,9 +232,14 @@ func (d Dtype) QuantizeRow(dst []byte, src []float32) error {
 			// that the nearest level is found; the bound keeps a rounding
 			// at the top from leaving the level range.
 			t := math.RoundToEven((float64(v) - float64(bias)) / float64(scale))
-			q = uint8(min(max(t, 0), d.levels()))
+			if t < 0 { // plain compares: min and max would also order ±0 and NaN
+				t = 0
+			} else if t > levels {
+				t = levels
+			}
+			q = uint8(t)
 		}
-		if d.norm() == DtypeInt8 {
+		if is8 {
 			dst[j] = q
 		} else {
 			dst[j/2] |= q << (4 * (j % 2))
@@ -292,9 +307,10 @@ func (d Dtype) DequantizeRow(dst []float32, src []byte) {
 		scale = HalfToFloat32(binary.LittleEndian.Uint16(src[l.Scale:]))
 		bias = HalfToFloat32(binary.LittleEndian.Uint16(src[l.Bias:]))
 	}
+	is8 := d.norm() == DtypeInt8
 	for j := range dst {
 		var q uint8
-		if d.norm() == DtypeInt8 {
+		if is8 {
 			q = src[j]
 		} else {
 			q = src[j/2] >> (4 * (j % 2)) & 0xf

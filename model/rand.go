@@ -103,23 +103,31 @@ func initBound(spec ParamSpec) float64 {
 // Config.HotnessOffsets). The draw is deterministic, and the first m
 // examples of a draw of n are the draw of m.
 func RandomInputs(cfg Config, seed uint64, n int) (dense []float32, sparse []int32) {
-	if n < 0 {
-		n = 0
-	}
+	return RandomInputsAt(cfg, seed, 0, n)
+}
+
+// RandomInputsAt returns examples first, first+1, …, first+n-1 of
+// RandomInputs' draw from seed, so a draw too big to hold (the accuracy
+// check's million examples are 0.9 GB of ids) can be made block by block,
+// in any order, by any goroutine.
+func RandomInputsAt(cfg Config, seed uint64, first, n int) (dense []float32, sparse []int32) {
+	n, first = max(n, 0), max(first, 0)
 	ds := newStream(seed, domainDense, 0)
 	dense = make([]float32, n*cfg.NumDense)
+	d0 := uint64(first) * uint64(cfg.NumDense)
 	for i := range dense {
-		dense[i] = ds.unit(uint64(i))
+		dense[i] = ds.unit(d0 + uint64(i))
 	}
 	ss := newStream(seed, domainSparse, 0)
 	width := cfg.SparseWidth()
+	s0 := uint64(first) * uint64(width)
 	sparse = make([]int32, n*width)
 	for e := 0; e < n; e++ {
 		k := e * width
 		for t, h := range cfg.Hotness {
 			vocab := uint32(cfg.VocabSizes[t])
 			for range h {
-				sparse[k] = int32(ss.below(uint64(k), vocab))
+				sparse[k] = int32(ss.below(s0+uint64(k), vocab))
 				k++
 			}
 		}

@@ -20,12 +20,20 @@ const refBlock = 8
 // arithmetic throughout, rounded to float32 only where an output is
 // stored. Each output is summed in a fixed order, so a score does not
 // depend on the batch it was computed in or on the number of goroutines.
-// It reads the weights in place from its Bundle, which must stay open
-// while the Reference is used. It is safe for concurrent use.
+// One from NewReference reads the weights in place from its Bundle, which
+// must stay open while the Reference is used; one from
+// NewGeneratedReference draws them as the exporter would, with the same
+// results. It is safe for concurrent use.
 type Reference struct {
-	cfg    Config
-	tables [][]float32 // fp32 tables; nil at other precisions
-	rows   [][]byte    // the stored rows of tables at other precisions
+	cfg Config
+	// tables are a bundle's fp32 tables (nil at other precisions), or the
+	// dequantized rows of NewGeneratedReference's tables at any precision.
+	tables [][]float32
+	rows   [][]byte // the stored rows of a bundle's tables at other precisions
+	// gen regenerates the rows of a table that is in neither tables nor
+	// rows (a nil entry, or no entry): NewGeneratedReference's tables too
+	// big to hold.
+	gen    *rowGenerator
 	bottom []denseLayer
 	cross  []crossLayer
 	top    []denseLayer
@@ -58,21 +66,11 @@ func NewReference(b *Bundle) (*Reference, error) {
 // table (only called when cfg.TableDtype is not fp32) each table's stored
 // rows.
 func newReference(cfg Config, tensor func(string) ([]float32, error), table func(int) ([]byte, error)) (*Reference, error) {
-	get := func(s ParamSpec) ([]float32, error) {
-		t, err := tensor(s.Name)
-		if err != nil {
-			return nil, err
-		}
-		if int64(len(t)) != s.Elements() {
-			return nil, fmt.Errorf("%w: tensor %q has %d values, shape %v needs %d", ErrMismatch, s.Name, len(t), s.Shape, s.Elements())
-		}
-		return t, nil
-	}
 	r := &Reference{cfg: cfg}
 	d := cfg.TableDtype.norm()
 	for i, s := range cfg.Tables() {
 		if d == DtypeFP32 {
-			t, err := get(s)
+			t, err := checkedTensor(tensor, s)
 			if err != nil {
 				return nil, err
 			}
@@ -88,6 +86,28 @@ func newReference(cfg Config, tensor func(string) ([]float32, error), table func
 		}
 		r.rows = append(r.rows, raw)
 	}
+	if err := r.loadDense(tensor); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// checkedTensor returns tensor(s.Name), refusing one of the wrong size.
+func checkedTensor(tensor func(string) ([]float32, error), s ParamSpec) ([]float32, error) {
+	t, err := tensor(s.Name)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(t)) != s.Elements() {
+		return nil, fmt.Errorf("%w: tensor %q has %d values, shape %v needs %d", ErrMismatch, s.Name, len(t), s.Shape, s.Elements())
+	}
+	return t, nil
+}
+
+// loadDense sets r's dense network from tensor.
+func (r *Reference) loadDense(tensor func(string) ([]float32, error)) error {
+	cfg := r.cfg
+	get := func(s ParamSpec) ([]float32, error) { return checkedTensor(tensor, s) }
 	params := cfg.DenseParams()
 	next := func() (ParamSpec, []float32, error) {
 		s := params[0]
@@ -112,33 +132,33 @@ func newReference(cfg Config, tensor func(string) ([]float32, error), table func
 	}
 	var err error
 	if r.bottom, err = dense(len(cfg.BottomMLP)); err != nil {
-		return nil, err
+		return err
 	}
 	for range cfg.CrossLayers {
 		vs, v, err := next()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		_, u, err := next()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		_, b, err := next()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		r.cross = append(r.cross, crossLayer{dim: vs.Shape[0], rank: vs.Shape[1], v: v, u: u, b: b})
 	}
 	if r.top, err = dense(len(cfg.TopMLP)); err != nil {
-		return nil, err
+		return err
 	}
 	if n := len(r.bottom); n == 0 || r.bottom[n-1].out != cfg.EmbeddingDim {
-		return nil, fmt.Errorf("%w: bottom MLP must end at the embedding width %d", ErrInvalidConfig, cfg.EmbeddingDim)
+		return fmt.Errorf("%w: bottom MLP must end at the embedding width %d", ErrInvalidConfig, cfg.EmbeddingDim)
 	}
 	if n := len(r.top); n == 0 || r.top[n-1].out != 1 {
-		return nil, fmt.Errorf("%w: top MLP must end in one output", ErrInvalidConfig)
+		return fmt.Errorf("%w: top MLP must end in one output", ErrInvalidConfig)
 	}
-	return r, nil
+	return nil
 }
 
 // Pool sum-pools each example's bags into pooled, [n, tables, dim] float32.
@@ -156,34 +176,75 @@ func (r *Reference) Pool(sparse []int32, n int, pooled []float32) error {
 			ErrBadInput, n, n*width, n*tables*dim, len(sparse), len(pooled))
 	}
 	d, rb := r.cfg.TableDtype, r.cfg.TableDtype.RowBytes(dim)
-	deq := make([]float32, dim)
+	maxHot := 0
+	for _, h := range cfg.Hotness {
+		maxHot = max(maxHot, h)
+	}
+	// A bag's rows are gathered (dequantized where they are stored at
+	// another precision) before they are summed, so their reads overlap.
+	deq := make([]float32, maxHot*dim)
+	bag := make([][]float32, maxHot)
+	var gs *genScratch
+	if r.gen != nil {
+		gs = r.gen.newScratch()
+	}
 	for e := range n {
 		ids := sparse[e*width : (e+1)*width]
 		for t, h := range cfg.Hotness {
 			vocab := cfg.VocabSizes[t]
-			out := pooled[(e*tables+t)*dim : (e*tables+t+1)*dim]
+			var fp32 []float32
+			var stored []byte
+			if t < len(r.tables) {
+				fp32 = r.tables[t]
+			}
+			if t < len(r.rows) {
+				stored = r.rows[t]
+			}
 			for k, id := range ids[:h] {
 				if id < 0 || int(id) >= vocab {
 					return fmt.Errorf("model: pool: %w: example %d table %d: id %d outside [0, %d)", ErrBadInput, e, t, id, vocab)
 				}
-				row := deq
-				if r.tables != nil {
-					row = r.tables[t][int(id)*dim : (int(id)+1)*dim]
-				} else {
-					d.DequantizeRow(deq, r.rows[t][int(id)*rb:(int(id)+1)*rb])
+				row := deq[k*dim : (k+1)*dim]
+				switch {
+				case fp32 != nil:
+					row = fp32[int(id)*dim : (int(id)+1)*dim]
+				case stored != nil:
+					d.DequantizeRow(row, stored[int(id)*rb:(int(id)+1)*rb])
+				default:
+					r.gen.row(gs, t, int(id), row)
 				}
-				if k == 0 {
-					copy(out, row)
-					continue
-				}
-				for j, v := range row {
-					out[j] += v
-				}
+				bag[k] = row
 			}
+			sumBag(pooled[(e*tables+t)*dim:(e*tables+t+1)*dim], bag[:h])
 			ids = ids[h:]
 		}
 	}
 	return nil
+}
+
+// sumBag sets out to the float32 sum of rows in order, starting from the
+// first: ((rows[0] + rows[1]) + rows[2]) + …, each addition rounded. Four
+// rows are added per pass, in that order, so four rows' reads are in
+// flight at once; the sums are those of adding one row per pass.
+func sumBag(out []float32, rows [][]float32) {
+	copy(out, rows[0])
+	k := 1
+	for ; k+4 <= len(rows); k += 4 {
+		r0 := rows[k][:len(out)]
+		r1, r2, r3 := rows[k+1][:len(out)], rows[k+2][:len(out)], rows[k+3][:len(out)]
+		for j := range out {
+			v := out[j] + r0[j]
+			v += r1[j]
+			v += r2[j]
+			out[j] = v + r3[j]
+		}
+	}
+	for ; k < len(rows); k++ {
+		r0 := rows[k][:len(out)]
+		for j := range out {
+			out[j] += r0[j]
+		}
+	}
 }
 
 // Forward runs the dense network on n examples: the bottom MLP over dense
