@@ -28,8 +28,24 @@
 #                         both workloads, B_req 1,16, C 1,4, ~1 s windows,
 #                         -strict (fails on any broken arm), into
 #                         bench/results/ci-smoke (a few minutes)
+#   make bench-quant      `make bench` with BENCH_TABLE_DTYPE=int8: both
+#                         workloads, every arm, on int8 tables
+#   make bench-smoke-quant  `make bench-smoke` with BENCH_TABLE_DTYPE=int8
 #   make bench-benchrun   build bin/benchrun (bench/cmd/benchrun, a module
 #                         outside the workspace: GOWORK=off)
+#
+# BENCH_TABLE_DTYPE (fp32, the default; fp16, int8 or int4) is the
+# precision of the embedding tables every arm serves, in bench, bench-full,
+# bench-smoke and bench-py-smoke: the Python arms hold the tables at that
+# precision too and dequantize on the gather (bench/python/dlrm.py). At
+# fp32 the bundles and results are the usual ones; at another precision
+# each bundle is exported beside its fp32 one with the suffix -<dtype>
+# (data/dlrm-cap850000-int8, data/dlrm-cap850000-hostbound-int8,
+# data/dlrm-cap1000-int8, data/dlrm-cap1000-hostbound-int8), from the same
+# seed, so it is the same model; and the results go to their own
+# directories (bench/results/<dtype>, bench/results/full-<dtype>,
+# bench/results/ci-smoke-<dtype>). Every summary line ends with
+# dtype=<d>, read by benchrun from the bundle's config.json.
 #
 # Included by the root Makefile, which defines ROOT, DEPS, BIN, GO, PYTHON
 # and DEV_BUNDLE. `make deps` (and so `make test`) also installs the Python
@@ -49,7 +65,14 @@ BENCH_CLIENT_CPUS ?=
 BENCH_SERVER_PIN := $(if $(BENCH_SERVER_CPUS),taskset -c $(BENCH_SERVER_CPUS))
 BENCH_CLIENT_PIN := $(if $(BENCH_CLIENT_CPUS),-cpus $(BENCH_CLIENT_CPUS))
 
-.PHONY: bench-py-deps bench-loadgen bench-py-smoke bench-benchrun bench-benchrun-vet bench-benchrun-test bench-lookupbench bench bench-full bench-smoke
+# The tables' precision (see the top): empty suffix at fp32, so the fp32
+# bundles and results keep their names.
+BENCH_TABLE_DTYPE  ?= fp32
+BENCH_DTYPE_SUFFIX := $(if $(filter fp32,$(BENCH_TABLE_DTYPE)),,-$(BENCH_TABLE_DTYPE))
+# The small default bundle at that precision (the others are below).
+BENCH_SMALL        := $(DEV_BUNDLE)$(BENCH_DTYPE_SUFFIX)
+
+.PHONY: bench-py-deps bench-loadgen bench-py-smoke bench-benchrun bench-benchrun-vet bench-benchrun-test bench-lookupbench bench bench-full bench-smoke bench-quant bench-smoke-quant
 
 deps: bench-py-deps
 
@@ -79,19 +102,19 @@ bench-loadgen: $(DEPS)/go.stamp
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/loadgen ./bench/cmd/loadgen
 
-bench-py-smoke: bench-py-deps bench-loadgen $(DEV_BUNDLE)/model.safetensors
+bench-py-smoke: bench-py-deps bench-loadgen $(BENCH_SMALL)/model.safetensors
 	@mkdir -p $(BENCH_RESULTS)/smoke
 	@set -euo pipefail; \
 	out=$$(mktemp); \
-	$(BENCH_SERVER_PIN) $(BENCH_PY) $(BENCH_DIR)/python/server.py --mode py --port 0 --bundle $(DEV_BUNDLE) \
+	$(BENCH_SERVER_PIN) $(BENCH_PY) $(BENCH_DIR)/python/server.py --mode py --port 0 --bundle $(BENCH_SMALL) \
 		--stubs $(BENCH_PYGEN) --workers 4 --warm-max 16 >$$out 2>$(BENCH_RESULTS)/smoke/py.log & \
 	pid=$$!; \
 	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -f $$out' EXIT; \
 	for i in $$(seq 240); do grep -q '^READY ' $$out && break; kill -0 $$pid || { cat $(BENCH_RESULTS)/smoke/py.log; exit 1; }; sleep 0.5; done; \
 	addr=$$(awk '/^READY /{print $$2}' $$out); \
 	test -n "$$addr" || { echo "bench-py-smoke: server not ready in 120 s" >&2; exit 1; }; \
-	$(BIN)/loadgen parity -target $$addr -bundle $(DEV_BUNDLE) $(BENCH_CLIENT_PIN); \
-	$(BIN)/loadgen run -target $$addr -bundle $(DEV_BUNDLE) -arm py -monitor-pids $$pid $(BENCH_CLIENT_PIN) \
+	$(BIN)/loadgen parity -target $$addr -bundle $(BENCH_SMALL) $(BENCH_CLIENT_PIN); \
+	$(BIN)/loadgen run -target $$addr -bundle $(BENCH_SMALL) -arm py -monitor-pids $$pid $(BENCH_CLIENT_PIN) \
 		-out $(BENCH_RESULTS)/smoke/py.json $(BENCH_SMOKE_ARGS)
 
 ## The sweep driver. Pinning: BENCH_SERVER_CPUS / BENCH_CLIENT_CPUS when
@@ -113,7 +136,29 @@ $(HOSTBOUND_BUNDLE)/model.safetensors: | $(DEPS)/go.stamp
 $(HOSTBOUND_SMALL)/model.safetensors: | $(DEPS)/go.stamp
 	$(GO) run ./cli/cmd/recmesh export --preset hostbound --max-vocab 1000 --seed 1 --out $(HOSTBOUND_SMALL)
 
-BENCH_WORKLOADS        ?= mlperf=$(BENCH_BUNDLE),hostbound=$(HOSTBOUND_BUNDLE)
+# The bundles at BENCH_TABLE_DTYPE (and BENCH_SMALL, above): the ones
+# above at fp32, else each exported at that precision into its own
+# -<dtype> directory. These explicit rules take precedence over
+# lookup.mk's pattern rule for $(BENCH_BUNDLE)-<dtype>.
+BENCH_DTYPE_BUNDLE    := $(BENCH_BUNDLE)$(BENCH_DTYPE_SUFFIX)
+BENCH_DTYPE_HOSTBOUND := $(HOSTBOUND_BUNDLE)$(BENCH_DTYPE_SUFFIX)
+BENCH_SMALL_HOSTBOUND := $(HOSTBOUND_SMALL)$(BENCH_DTYPE_SUFFIX)
+
+ifneq ($(BENCH_DTYPE_SUFFIX),)
+$(BENCH_DTYPE_BUNDLE)/model.safetensors: | $(DEPS)/go.stamp
+	$(GO) run ./cli/cmd/recmesh export --max-vocab 850000 --seed 1 --table-dtype $(BENCH_TABLE_DTYPE) --out $(BENCH_DTYPE_BUNDLE)
+
+$(BENCH_DTYPE_HOSTBOUND)/model.safetensors: | $(DEPS)/go.stamp
+	$(GO) run ./cli/cmd/recmesh export --preset hostbound --max-vocab 850000 --seed 1 --table-dtype $(BENCH_TABLE_DTYPE) --out $(BENCH_DTYPE_HOSTBOUND)
+
+$(BENCH_SMALL)/model.safetensors: | $(DEPS)/go.stamp
+	$(GO) run ./cli/cmd/recmesh export --max-vocab 1000 --seed 1 --table-dtype $(BENCH_TABLE_DTYPE) --out $(BENCH_SMALL)
+
+$(BENCH_SMALL_HOSTBOUND)/model.safetensors: | $(DEPS)/go.stamp
+	$(GO) run ./cli/cmd/recmesh export --preset hostbound --max-vocab 1000 --seed 1 --table-dtype $(BENCH_TABLE_DTYPE) --out $(BENCH_SMALL_HOSTBOUND)
+endif
+
+BENCH_WORKLOADS        ?= mlperf=$(BENCH_DTYPE_BUNDLE),hostbound=$(BENCH_DTYPE_HOSTBOUND)
 BENCH_ARMS             ?= recmesh-slo,recmesh-full,recmesh-model,recmesh-none,recmesh-slo-lean,recmesh-full-lean,py,py-mp,py-mp-local,py-batch,py-mp-batch
 BENCH_BATCHES          ?= 1,16,128
 BENCH_CLIENTS          ?= 1,4,16,64
@@ -136,6 +181,9 @@ BENCH_MEMORY_ARMS      ?= recmesh-slo,py-mp-batch
 BENCH_MEMORY_INSTANCES ?= 1,4
 BENCH_MEMORY_DURATION  ?= 1s
 BENCH_ARGS             ?=
+# The quick sweep's results: bench/results at fp32, bench/results/<dtype>
+# at another precision.
+BENCH_SWEEP_RESULTS    ?= $(BENCH_RESULTS)$(if $(BENCH_DTYPE_SUFFIX),/$(BENCH_TABLE_DTYPE))
 BENCH_PIN := $(if $(BENCH_SERVER_CPUS),-server-cpus $(BENCH_SERVER_CPUS)) $(if $(BENCH_CLIENT_CPUS),-client-cpus $(BENCH_CLIENT_CPUS))
 
 BENCH_FULL_WORKLOADS        ?= $(BENCH_WORKLOADS)
@@ -154,9 +202,9 @@ BENCH_FULL_PY_WORKERS       ?= $(BENCH_PY_WORKERS)
 BENCH_FULL_MEMORY_ARMS      ?= $(BENCH_MEMORY_ARMS)
 BENCH_FULL_MEMORY_INSTANCES ?= 1,2,4
 BENCH_FULL_MEMORY_DURATION  ?= 10s
-BENCH_FULL_RESULTS          ?= $(BENCH_RESULTS)/full
+BENCH_FULL_RESULTS          ?= $(BENCH_RESULTS)/full$(BENCH_DTYPE_SUFFIX)
 
-BENCH_SMOKE_RESULTS ?= $(BENCH_RESULTS)/ci-smoke
+BENCH_SMOKE_RESULTS ?= $(BENCH_RESULTS)/ci-smoke$(BENCH_DTYPE_SUFFIX)
 BENCH_SMOKE_ARMS    ?= $(BENCH_ARMS)
 
 BENCH_PREREQS := build bench-loadgen bench-benchrun bench-lookupbench bench-py-deps $(PJRT_PLUGIN)
@@ -192,15 +240,15 @@ bench-lookupbench: $(DEPS)/go.stamp
 	$(GO) build -o $(BIN)/lookupbench ./embedder/cmd/lookupbench
 
 # The quick sweep: both workloads on the 3.2 GB tables, every arm.
-bench: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors $(HOSTBOUND_BUNDLE)/model.safetensors
-	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads '$(BENCH_WORKLOADS)' -results $(BENCH_RESULTS) \
+bench: $(BENCH_PREREQS) $(BENCH_DTYPE_BUNDLE)/model.safetensors $(BENCH_DTYPE_HOSTBOUND)/model.safetensors
+	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads '$(BENCH_WORKLOADS)' -results $(BENCH_SWEEP_RESULTS) \
 		-arms $(BENCH_ARMS) -batches $(BENCH_BATCHES) -clients $(BENCH_CLIENTS) -open '$(BENCH_OPEN)' -open-budget '$(BENCH_OPEN_BUDGET)' \
 		-warmup $(BENCH_WARMUP) -duration $(BENCH_DURATION) -repeats $(BENCH_REPEATS) -connections $(BENCH_CONNECTIONS) -client $(BENCH_CLIENT) \
 		-frontends $(BENCH_FRONTENDS) -py-processes $(BENCH_PY_PROCESSES) -py-workers $(BENCH_PY_WORKERS) \
 		-memory-arms '$(BENCH_MEMORY_ARMS)' -memory-instances $(BENCH_MEMORY_INSTANCES) -memory-duration $(BENCH_MEMORY_DURATION) \
 		$(BENCH_PIN) $(BENCH_ARGS)
 
-bench-full: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors $(HOSTBOUND_BUNDLE)/model.safetensors
+bench-full: $(BENCH_PREREQS) $(BENCH_DTYPE_BUNDLE)/model.safetensors $(BENCH_DTYPE_HOSTBOUND)/model.safetensors
 	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads '$(BENCH_FULL_WORKLOADS)' -results $(BENCH_FULL_RESULTS) \
 		-arms $(BENCH_FULL_ARMS) -batches $(BENCH_FULL_BATCHES) -clients $(BENCH_FULL_CLIENTS) -open '$(BENCH_FULL_OPEN)' -open-budget '$(BENCH_FULL_OPEN_BUDGET)' \
 		-warmup $(BENCH_FULL_WARMUP) -duration $(BENCH_FULL_DURATION) -repeats $(BENCH_FULL_REPEATS) -connections $(BENCH_FULL_CONNECTIONS) -client $(BENCH_CLIENT) \
@@ -213,9 +261,19 @@ bench-full: $(BENCH_PREREQS) $(BENCH_BUNDLE)/model.safetensors $(HOSTBOUND_BUNDL
 # bundles of both workloads with tiny windows, and the memory check at 1
 # and 2 instances. -strict: any arm that fails to start, fails parity or
 # fails a request fails the target.
-bench-smoke: $(BENCH_PREREQS) $(DEV_BUNDLE)/model.safetensors $(HOSTBOUND_SMALL)/model.safetensors
-	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads 'mlperf=$(DEV_BUNDLE),hostbound=$(HOSTBOUND_SMALL)' -results $(BENCH_SMOKE_RESULTS) \
+bench-smoke: $(BENCH_PREREQS) $(BENCH_SMALL)/model.safetensors $(BENCH_SMALL_HOSTBOUND)/model.safetensors
+	$(BIN)/benchrun -root $(ROOT) -bin $(BIN) -workloads 'mlperf=$(BENCH_SMALL),hostbound=$(BENCH_SMALL_HOSTBOUND)' -results $(BENCH_SMOKE_RESULTS) \
 		-arms $(BENCH_SMOKE_ARMS) -batches 1,16 -clients 1,4 -open 0.8 -open-budget 0.8 \
 		-warmup 300ms -duration 1s -repeats 1 -connections 4 -client $(BENCH_CLIENT) \
 		-memory-arms 'recmesh-slo,py-mp-batch' -memory-instances 1,2 -memory-duration 500ms -strict \
 		$(BENCH_PIN) $(BENCH_ARGS)
+
+# Both workloads, every arm, on int8 tables (bench/results/int8).
+bench-quant:
+	$(MAKE) bench BENCH_TABLE_DTYPE=int8
+
+# The CI smoke on the small bundles exported at int8
+# (bench/results/ci-smoke-int8): the quantized pipeline end to end, every
+# arm's parity included.
+bench-smoke-quant:
+	$(MAKE) bench-smoke BENCH_TABLE_DTYPE=int8

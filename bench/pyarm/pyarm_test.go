@@ -3,6 +3,7 @@ package pyarm
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -43,8 +44,16 @@ func paths(t *testing.T) Paths {
 // fixture exports the small bundle and opens the reference over it.
 func fixture(t *testing.T) (string, *model.Bundle, *model.Reference) {
 	t.Helper()
+	return fixtureAt(t, model.DtypeFP32)
+}
+
+// fixtureAt is fixture with the tables stored at dtype.
+func fixtureAt(t *testing.T, dtype model.Dtype) (string, *model.Bundle, *model.Reference) {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "bundle")
-	if err := model.Export(context.Background(), dir, model.DLRMv2(model.DevVocabCap), 1, nil); err != nil {
+	cfg := model.DLRMv2(model.DevVocabCap)
+	cfg.TableDtype = dtype
+	if err := model.Export(context.Background(), dir, cfg, 1, nil); err != nil {
 		t.Fatal(err)
 	}
 	b, err := model.Open(dir)
@@ -209,6 +218,78 @@ func expectCode(t *testing.T, c pb.GRPCInferenceServiceClient, req *pb.ModelInfe
 	if s := status.Convert(err); s.Code() != want || !strings.Contains(s.Message(), msg) {
 		t.Errorf("got %v, want %v mentioning %q", err, want, msg)
 	}
+}
+
+// TestPrecisions: the arm serves bundles whose tables are stored at fp16,
+// int8 and int4, holding them at that precision and dequantizing on the
+// gather, within the parity tolerance of the reference over the same
+// bundle (py-mp, so the gather runs in a frontend that holds the tables
+// and the dense network in the device owner); and refuses a bundle whose
+// tables are not what its config.json says, naming the tensor.
+func TestPrecisions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the Python arm at every precision")
+	}
+	p := paths(t)
+	for _, d := range []model.Dtype{model.DtypeFP16, model.DtypeInt8, model.DtypeInt4} {
+		t.Run(d.String(), func(t *testing.T) {
+			dir, b, ref := fixtureAt(t, d)
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			log := &tailBuffer{max: 1000}
+			s, err := Start(ctx, Options{Paths: p, Mode: "py-mp", Processes: 1, Bundle: dir, Workers: 4, WarmMax: 16,
+				Log: io.MultiWriter(testLog{t}, log)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := s.Stop(15 * time.Second); err != nil {
+					t.Errorf("stop: %v", err)
+				}
+			})
+			pool := dial(t, s.Addr, 1)
+			r, err := parity.Check(ctx, pool.Client(0), b.Config, ref, parity.Options{
+				Examples: 48, BatchSizes: []int{1, 5, 16, 26}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Log(r)
+			if !r.Pass {
+				t.Errorf("parity failed: %v", r)
+			}
+			if !strings.Contains(log.String(), "tables read in ") || !strings.Contains(log.String(), fmt.Sprintf("(%s, ", d)) {
+				t.Errorf("the frontend's log does not say it holds %s tables:\n%s", d, log.String())
+			}
+		})
+	}
+
+	t.Run("mismatch", func(t *testing.T) {
+		dir, _, _ := fixtureAt(t, model.DtypeInt4)
+		path := filepath.Join(dir, model.ConfigFile)
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		said := strings.Replace(string(raw), `"table_dtype": "int4"`, `"table_dtype": "int8"`, 1)
+		if said == string(raw) {
+			t.Fatalf("config.json records no table_dtype int4:\n%s", raw)
+		}
+		if err := os.WriteFile(path, []byte(said), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		s, err := Start(ctx, Options{Paths: p, Mode: "py", Bundle: dir, Workers: 1, WarmMax: 1, Log: testLog{t}})
+		if err == nil {
+			s.Stop(5 * time.Second)
+			t.Fatal("the arm served int4 tables its config.json calls int8")
+		}
+		for _, want := range []string{"embedding.0.weight", "has shape [1000, 68], want [1000, 136]", "table_dtype int8"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error lacks %q:\n%v", want, err)
+			}
+		}
+	})
 }
 
 // TestModes starts every mode on the small bundle (two processes for the

@@ -59,15 +59,17 @@ def load(args):
     t0 = time.monotonic()
     if args.role == "frontend":
         config, tensors = read_bundle(args.bundle, want=is_table)
-        log.info("tables read in %.1f s", time.monotonic() - t0)
         embeddings = Embeddings(config, tensors)
+        log.info("tables read in %.1f s (%s, %.0f MiB)", time.monotonic() - t0, embeddings.dtype,
+                 embeddings.table_bytes / (1 << 20))
         link = FrontendLink(json.loads(args.link))
         model = ShmBatched(embeddings, link, args) if args.mode == "py-mp-batch" else ShmDirect(embeddings, link)
         model.infer(np.zeros((1, NUM_DENSE), np.float32), np.zeros((1, embeddings.width), np.int32))
         return model, embeddings
     config, tensors = read_bundle(args.bundle)
-    log.info("bundle read in %.1f s", time.monotonic() - t0)
     embeddings = Embeddings(config, tensors)
+    log.info("bundle read in %.1f s (tables %s, %.0f MiB)", time.monotonic() - t0, embeddings.dtype,
+             embeddings.table_bytes / (1 << 20))
     network = load_network(args, config, tensors)
     model = Batched(embeddings, network, args) if args.mode == "py-batch" else Direct(embeddings, network)
     return model, embeddings

@@ -9,6 +9,8 @@ competent Python engineer would, from standard building blocks only: grpcio
 servers with a thread pool, NumPy `take` + `sum` embedding lookups into a
 (B, 26, 128) buffer, and the DCNv2 dense network under `jax.jit`, compiled
 once per power-of-two batch bucket (inputs are padded up to their bucket).
+The tables are held at the bundle's precision (config.json table_dtype:
+fp32, fp16, int8, int4) and dequantized on the gather (dlrm.py).
 
   py           one process; each request is gathered and run through the
                network by the gRPC worker thread that received it.
@@ -61,7 +63,8 @@ Tuning choices (each overridable by its flag):
     for its batch, so that up to 256 concurrent requests per process can
     share batches (threads are started on demand).
   - Each table copy is private anonymous memory (read, not mmapped), one per
-    process that gathers, as in the study: py-mp* hold --processes copies.
+    process that gathers, as in the study: py-mp* hold --processes copies,
+    each at the bundle's table precision.
   - Warm-up compiles buckets 1, 2, 4, ... up to --warm-max (default 256 for
     the unbatched arms, --max-batch for the batching ones, whose merged
     batches reach it) before READY, in whichever process runs JAX.

@@ -2,10 +2,12 @@ package benchrun
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -330,5 +332,87 @@ func TestDetailCounts(t *testing.T) {
 		if got := c.detail(tc.spec, tc.n); got != tc.want {
 			t.Errorf("detail(%s, %d) = %q, want %q", tc.spec.name, tc.n, got, tc.want)
 		}
+	}
+}
+
+// summaryPoint is a summarised point of one repeat.
+func summaryPoint(arm, label string, b, c int, examplesPerS, p99Ms float64) *loadgen.Point {
+	p := &loadgen.Point{Schema: loadgen.PointSchema, Arm: arm, Label: label, Mode: loadgen.Closed, BatchSize: b, Concurrency: c}
+	res := &loadgen.Result{ExamplesPerS: examplesPerS, RequestsPerS: examplesPerS / float64(b), Latency: loadgen.LatencySummary{P50: p99Ms / 2, P99: p99Ms}}
+	p.Runs = []loadgen.RunRecord{{Repeat: 1, Result: res}}
+	p.Summarize()
+	return p
+}
+
+// TestSuiteLinesDtype: the summary lines are report.SuiteLines, in its
+// order, each ending with dtype=<d> of its own workload's tables: from the
+// run's note, else its bundle's config.json, else fp32.
+func TestSuiteLinesDtype(t *testing.T) {
+	int4Bundle := t.TempDir()
+	cfg := model.DLRMv2(model.DevVocabCap)
+	cfg.TableDtype = model.DtypeInt4
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(int4Bundle, model.ConfigFile), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	int8 := model.DLRMv2(model.DevVocabCap)
+	int8.TableDtype = model.DtypeInt8
+	run := func(workload string, env report.Env, memory bool) *report.Run {
+		r := &report.Run{Workload: workload, Env: env, Sweep: report.Sweep{Batches: []int{1, 16}, BudgetFractions: []float64{0.8}}}
+		for _, arm := range []string{"recmesh-slo", "py-mp-batch"} {
+			r.Arms = append(r.Arms, report.Arm{Name: arm, Kind: report.KindOf(arm)})
+			for _, b := range []int{1, 16} {
+				r.Points = append(r.Points, summaryPoint(arm, report.LabelClosed, b, 4, float64(100*b), 5),
+					summaryPoint(arm, report.BudgetLabel(0.8), b, 0, float64(80*b), 4))
+			}
+		}
+		if memory {
+			r.Memory = &report.MemoryCheck{TableBytes: int8.TableBytes(), Rows: []report.MemoryRow{
+				{Arm: "recmesh-slo", Kind: report.KindRecmesh, Instances: 2, PSSBytes: 300 << 20},
+				{Arm: "py-mp-batch", Kind: report.KindPython, Instances: 2, PSSBytes: 600 << 20}}}
+		}
+		return r
+	}
+	runs := []*report.Run{
+		run("mlperf", report.Env{Notes: []string{dtypeNote(int8), "another note"}}, false),
+		run("hostbound", report.Env{Bundle: int4Bundle}, true),
+		run("old", report.Env{Bundle: filepath.Join(t.TempDir(), "gone")}, true),
+	}
+	want := map[string]string{"mlperf": "int8", "hostbound": "int4", "old": "fp32"}
+	got := suiteLines(runs)
+	plain := report.SuiteLines(runs)
+	if len(got) != len(plain) || len(got) == 0 {
+		t.Fatalf("%d lines, report.SuiteLines gives %d:\n%s", len(got), len(plain), strings.Join(got, "\n"))
+	}
+	kinds := map[string]bool{}
+	for i, l := range got {
+		rest, d, ok := strings.Cut(l, " dtype=")
+		if !ok || rest != plain[i] || strings.Contains(d, " ") {
+			t.Errorf("line %d is %q, want %q followed by dtype=<d>", i, l, plain[i])
+			continue
+		}
+		kind, _, _ := strings.Cut(l, " ")
+		kinds[kind] = true
+		w := "hostbound" // the bench-memory: line: the first workload with a memory check
+		if _, f, ok := strings.Cut(l, "workload="); ok {
+			w, _, _ = strings.Cut(f, " ")
+		}
+		if d != want[w] {
+			t.Errorf("line %q: dtype %s, want %s (workload %s)", l, d, want[w], w)
+		}
+	}
+	for _, k := range []string{"bench:", "bench-ratio:", "bench-open:", "bench-memory:"} {
+		if !kinds[k] {
+			t.Errorf("no %s line among\n%s", k, strings.Join(got, "\n"))
+		}
+	}
+	if n := dtypeNote(int8); !strings.HasPrefix(n, "Embedding tables: int8 (config.json table_dtype), 2.4 MiB: ") || !strings.Contains(n, "dequantizing") {
+		t.Errorf("int8 note %q", n)
+	}
+	if n := dtypeNote(model.DLRMv2(model.DevVocabCap)); !strings.HasPrefix(n, "Embedding tables: fp32 (config.json table_dtype), 9.0 MiB: ") || strings.Contains(n, "dequantizing") {
+		t.Errorf("fp32 note %q", n)
 	}
 }

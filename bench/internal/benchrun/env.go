@@ -34,9 +34,10 @@ func environment(c *config, cfg model.Config) report.Env {
 		Versions:    pythonVersions(c),
 		PJRTPlugin:  pjrtPlugin(c.root),
 		Bundle:      c.bundle,
-		TableBytes:  tableBytes(cfg),
+		TableBytes:  cfg.TableBytes(),
 		MaxVocab:    cfg.MaxVocabSize,
 	}
+	e.Notes = append(e.Notes, dtypeNote(cfg))
 	if kb, ok := meminfo("MemTotal"); ok {
 		e.MemTotalBytes = kb << 10
 	}

@@ -9,10 +9,13 @@ import (
 
 	"github.com/recmesh/recmesh/bench/loadgen"
 	"github.com/recmesh/recmesh/bench/report"
+	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/oip"
 )
 
-// finish writes the report and prints the summary lines, last.
+// finish writes the report and prints the summary lines, last: the
+// `bench:`, `bench-ratio:`, `bench-open:` and `bench-memory:` lines of
+// report.SuiteLines, each with dtype=<d> appended.
 func finish(c *config, runs []*report.Run) error {
 	if err := report.WriteSuite(c.results, runs, c.charts); err != nil {
 		return err
@@ -24,10 +27,77 @@ func finish(c *config, runs []*report.Run) error {
 			fmt.Fprintln(c.out, v)
 		}
 	}
-	for _, l := range report.SuiteLines(runs) {
+	for _, l := range suiteLines(runs) {
 		fmt.Fprintln(c.out, l)
 	}
 	return nil
+}
+
+// linePrefixes are the kinds of summary line, in the order
+// report.SuiteLines gives them.
+var linePrefixes = []string{"bench: ", "bench-ratio: ", "bench-open: ", "bench-memory: "}
+
+// suiteLines are report.SuiteLines, in the same order, each ending with
+// the dtype=<d> of the tables its workload served (see runDtype).
+func suiteLines(runs []*report.Run) []string {
+	byRun := make([][]string, len(runs))
+	for i, r := range runs {
+		d := runDtype(r)
+		for _, l := range report.SuiteLines([]*report.Run{r}) {
+			byRun[i] = append(byRun[i], l+" dtype="+d)
+		}
+	}
+	var out []string
+	for _, prefix := range linePrefixes {
+		for _, lines := range byRun {
+			n := 0
+			for _, l := range lines {
+				if strings.HasPrefix(l, prefix) {
+					out = append(out, l)
+					n++
+				}
+			}
+			// One bench-memory: line in all, the first workload's that
+			// has one (report.SuiteLines).
+			if prefix == "bench-memory: " && n > 0 {
+				break
+			}
+		}
+	}
+	return out
+}
+
+// dtypeNotePrefix starts the run's note on its table precision, which
+// environment writes and runDtype reads back.
+const dtypeNotePrefix = "Embedding tables: "
+
+// dtypeNote is the run's note on the precision of its tables.
+func dtypeNote(cfg model.Config) string {
+	how := "."
+	if cfg.TableDtype.String() != model.DtypeFP32.String() {
+		how = ", the mesh's embedder and the Python arms' NumPy gather each dequantizing the rows it pools."
+	}
+	return fmt.Sprintf("%s%s (config.json table_dtype), %.1f MiB: every arm serves them at that precision%s",
+		dtypeNotePrefix, cfg.TableDtype, float64(cfg.TableBytes())/(1<<20), how)
+}
+
+// runDtype is the precision of the tables a run served: from its note
+// (runs since precisions were recorded), else from its bundle's
+// config.json, else fp32 (the only precision before there were others).
+func runDtype(r *report.Run) string {
+	for _, n := range r.Env.Notes {
+		if rest, ok := strings.CutPrefix(n, dtypeNotePrefix); ok {
+			if d, _, _ := strings.Cut(rest, " "); d != "" {
+				return d
+			}
+		}
+	}
+	if r.Env.Bundle != "" {
+		if cfg, err := loadgen.ReadConfig(r.Env.Bundle); err == nil {
+			return cfg.TableDtype.String()
+		}
+	}
+	return model.DtypeFP32.String()
 }
 
 // strictCheck fails a run in which any arm failed to start or to pass

@@ -15,7 +15,7 @@ import (
 func (c *config) memoryCheck(ctx context.Context, cfg model.Config, w *loadgen.Workload) *report.MemoryCheck {
 	mc := &c.memory
 	m := &report.MemoryCheck{
-		TableBytes: tableBytes(cfg), BaseBytes: int64(mc.baseMiB) << 20, PerInstanceBytes: int64(mc.perFrontendMiB) << 20,
+		TableBytes: cfg.TableBytes(), BaseBytes: int64(mc.baseMiB) << 20, PerInstanceBytes: int64(mc.perFrontendMiB) << 20,
 		BatchSize: mc.batch, Concurrency: mc.clients,
 	}
 	for _, name := range mc.arms {

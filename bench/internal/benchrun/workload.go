@@ -85,12 +85,3 @@ func (c *config) requestPools(cfg model.Config) (map[int]*loadgen.Workload, erro
 	}
 	return pools, nil
 }
-
-// tableBytes is the size of the float32 embedding tables.
-func tableBytes(cfg model.Config) int64 {
-	var rows int64
-	for _, v := range cfg.VocabSizes {
-		rows += int64(v)
-	}
-	return rows * int64(cfg.EmbeddingDim) * 4
-}
