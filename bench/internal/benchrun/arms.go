@@ -185,6 +185,15 @@ func (c *config) startArm(ctx context.Context, spec armSpec, n int, logPath stri
 }
 
 func (c *config) startPython(ctx context.Context, spec armSpec, n int, prefix []string, log io.Writer) (*server, error) {
+	cfg, err := readConfig(c.bundle)
+	if err != nil {
+		return nil, fmt.Errorf("arm %s: %w", spec.name, err)
+	}
+	if avail, ok := meminfo("MemAvailable"); ok {
+		if err := checkFits(spec, n, cfg.TableBytes(), avail<<10); err != nil {
+			return nil, fmt.Errorf("arm %s: %w", spec.name, err)
+		}
+	}
 	o := pyarm.Options{
 		Paths:   c.pyPaths(),
 		Mode:    spec.py,

@@ -30,6 +30,15 @@ func finish(c *config, runs []*report.Run) error {
 	for _, l := range suiteLines(runs) {
 		fmt.Fprintln(c.out, l)
 	}
+	if c.fullSize {
+		for _, r := range runs {
+			cfg, err := readConfig(r.Env.Bundle)
+			if err != nil {
+				return fmt.Errorf("full-size line of workload %s: %w", r.Workload, err)
+			}
+			fmt.Fprintln(c.out, fullSizeLine(r, cfg))
+		}
+	}
 	return nil
 }
 

@@ -40,6 +40,8 @@ type config struct {
 	strict     bool
 	denseCost  bool
 	reportOnly bool
+	// fullSize adds the `full-size:` line of every workload (fullsize.go).
+	fullSize bool
 
 	charts report.Charts
 	out    io.Writer
@@ -76,6 +78,10 @@ type serverConfig struct {
 	sched          string
 	readyTimeout   time.Duration
 	parityExamples int
+	// generatedReference: parity against the reference regenerated from
+	// the bundle's seed (model.NewGeneratedReference) rather than one
+	// reading the bundle's tables.
+	generatedReference bool
 }
 
 // stallConfig is the watch for host stalls (package stall).
@@ -141,6 +147,7 @@ func (c *config) register(fs *flag.FlagSet, l *lists) {
 	fs.StringVar(&c.results, "results", "bench/results", "results `dir` (point JSONs per arm, run.json, REPORT.md, SVGs)")
 	fs.StringVar(&l.arms, "arms", strings.Join(armNames(), ","), "arms to run, comma-separated")
 	fs.BoolVar(&c.reportOnly, "report-only", false, "only re-render REPORT.md and the charts from <results>/run.json")
+	fs.BoolVar(&c.fullSize, "full-size", false, "end with a `full-size:` line per workload (make bench-full-size): the mesh's throughput, memory and parity and the best Python arm's, or did-not-fit")
 }
 
 func (lc *loadConfig) register(fs *flag.FlagSet, l *lists, defClient string) {
@@ -165,6 +172,7 @@ func (sc *serverConfig) register(fs *flag.FlagSet, defServer string) {
 	fs.StringVar(&sc.sched, "server-sched", "batch", "scheduling `policy` of every arm's processes: batch (SCHED_BATCH, what recmesh's services choose by default: no wake-up preemption) or other (SCHED_OTHER: the mesh is run with RECMESH_SCHED_BATCH=false); the Python arms run under `chrt` with the same policy")
 	fs.DurationVar(&sc.readyTimeout, "ready-timeout", 5*time.Minute, "how long an arm may take to start")
 	fs.IntVar(&sc.parityExamples, "parity-examples", parity.DefaultExamples, "examples compared by the parity check")
+	fs.BoolVar(&sc.generatedReference, "generated-reference", false, "check parity against the reference regenerated from the bundle's seed, every row drawn as the exporter drew it (for tables too big to read twice), rather than against the bundle's own tables")
 }
 
 func (sc *stallConfig) register(fs *flag.FlagSet, l *lists, defCPUs string) {

@@ -11,6 +11,7 @@ import (
 	"github.com/recmesh/recmesh/bench/parity"
 	"github.com/recmesh/recmesh/bench/report"
 	"github.com/recmesh/recmesh/bench/stall"
+	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/oip"
 )
 
@@ -87,11 +88,11 @@ func (c *config) clientCPUCount() int {
 // bundle is opened for the check only, so the runner does not hold the
 // tables while the arm is measured.
 func (c *config) parity(ctx context.Context, addr string) (*report.Parity, error) {
-	b, ref, err := parity.OpenReference(c.bundle)
+	cfg, ref, done, err := c.reference()
 	if err != nil {
 		return nil, err
 	}
-	defer b.Close()
+	defer done()
 	rctx, cancel := context.WithTimeout(ctx, c.server.readyTimeout)
 	pool, err := loadgen.DialReady(rctx, addr, oip.DefaultModelName, 1)
 	cancel()
@@ -99,7 +100,7 @@ func (c *config) parity(ctx context.Context, addr string) (*report.Parity, error
 		return nil, fmt.Errorf("parity: %w", err)
 	}
 	defer pool.Close()
-	res, err := parity.Check(ctx, pool.Client(0), b.Config, ref, parity.Options{Examples: c.server.parityExamples})
+	res, err := parity.Check(ctx, pool.Client(0), cfg, ref, parity.Options{Examples: c.server.parityExamples})
 	if err != nil {
 		return nil, err
 	}
@@ -117,4 +118,31 @@ func (c *config) dialLoad(ctx context.Context, addr string, n int) (loadgen.Clie
 	rctx, cancel := context.WithTimeout(ctx, c.server.readyTimeout)
 	defer cancel()
 	return loadgen.Dial(rctx, c.load.client, addr, oip.DefaultModelName, n)
+}
+
+// generatedTableMemory is how much of the regenerated reference's tables
+// it keeps in memory (the smallest tables, read most often per row); the
+// rest are drawn again on every read.
+const generatedTableMemory = 256 << 20
+
+// reference is the parity check's reference over the current bundle and a
+// func that releases it: the bundle's own tables, or with
+// -generated-reference every weight drawn again from the bundle's seed.
+func (c *config) reference() (model.Config, *model.Reference, func(), error) {
+	if c.server.generatedReference {
+		cfg, err := readConfig(c.bundle)
+		if err != nil {
+			return model.Config{}, nil, nil, err
+		}
+		ref, err := model.NewGeneratedReference(cfg, cfg.Seed, generatedTableMemory)
+		if err != nil {
+			return model.Config{}, nil, nil, fmt.Errorf("parity: %w", err)
+		}
+		return cfg, ref, func() {}, nil
+	}
+	b, ref, err := parity.OpenReference(c.bundle)
+	if err != nil {
+		return model.Config{}, nil, nil, err
+	}
+	return b.Config, ref, func() { b.Close() }, nil
 }
