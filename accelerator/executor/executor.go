@@ -52,8 +52,8 @@ type Options struct {
 	// every other plugin.
 	CopyWeights bool
 	// StripDot says which buckets compute their products with package
-	// stripdot's custom call (CPU plugin with AVX-512F only). Default
-	// StripDotAuto.
+	// stripdot's custom call (CPU plugin, on a CPU with AVX-512F or with
+	// AVX2 and FMA, only). Default StripDotAuto.
 	StripDot StripDotMode
 	// StripDotMaxBucket is the largest bucket that may use the custom call.
 	// Default DefaultStripDotMaxBucket.
@@ -311,11 +311,16 @@ func (e *Executor) stripDotBuckets(opts Options) int {
 		}
 		return 0
 	}
+	if e.log != nil {
+		// The race's figures mean little without knowing which kernel ran.
+		e.log.Info("strip kernel registered", "kernel", stripdot.Kernel())
+	}
 	return limit
 }
 
 // RegisterStripDot registers package stripdot's handler with rt's plugin,
-// or says why it cannot: a CPU without AVX-512F, a plugin that is not the
+// or says why it cannot: a CPU with neither AVX-512F nor AVX2 and FMA (the
+// handler runs the fastest kernel the CPU has), a plugin that is not the
 // CPU one, or one of another PJRT version than the checked one (the FFI
 // extension's registration arguments changed layout between versions).
 // Registering again is harmless.

@@ -12,44 +12,55 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
-// Supported reports whether this CPU can run the kernel (AVX-512F).
-func Supported() bool { return cpu.X86.HasAVX512F }
+// ErrUnsupported is returned where the CPU lacks the kernels' instructions.
+var ErrUnsupported = errors.New("stripdot: the kernel needs AVX-512F, or AVX2 and FMA")
 
-// ErrUnsupported is returned where the CPU lacks the kernel's instructions.
-var ErrUnsupported = errors.New("stripdot: the kernel needs AVX-512F")
+// available lists the kernels this CPU runs, fastest first. The CPU's
+// features do not change while the process runs.
+var available = func() []kernel {
+	var ks []kernel
+	if cpu.X86.HasAVX512F {
+		ks = append(ks, kernelAVX512)
+	}
+	// Every AVX2 CPU made so far has FMA too, but a hypervisor may hide it.
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		ks = append(ks, kernelAVX2)
+	}
+	return ks
+}()
 
-// Multiply computes the same product as Reference with the AVX-512 kernel,
-// the code the custom call runs.
-func Multiply(x []float32, m, k int, packed []float32, n int, out []float32) error {
-	if !Supported() {
-		return ErrUnsupported
+func kernels() []kernel { return available }
+
+// multiply runs kn, which check accepted, on arguments checkShapes accepted.
+func multiply(kn kernel, x []float32, m, k int, packed []float32, n int, out []float32) {
+	xp, pp, op := (*C.float)(unsafe.Pointer(&x[0])), (*C.float)(unsafe.Pointer(&packed[0])), (*C.float)(unsafe.Pointer(&out[0]))
+	switch kn {
+	case kernelAVX512:
+		C.stripdot_multiply_avx512(xp, C.int64_t(m), C.int64_t(k), pp, C.int64_t(n), op)
+	case kernelAVX2:
+		C.stripdot_multiply_avx2(xp, C.int64_t(m), C.int64_t(k), pp, C.int64_t(n), op)
+	default:
+		panic("stripdot: multiply with " + kn.String())
 	}
-	if err := checkShapes(x, m, k, packed, n, out); err != nil {
-		return err
-	}
-	C.stripdot_multiply((*C.float)(unsafe.Pointer(&x[0])), C.int64_t(m), C.int64_t(k),
-		(*C.float)(unsafe.Pointer(&packed[0])), C.int64_t(n), (*C.float)(unsafe.Pointer(&out[0])))
-	return nil
 }
 
-// Register registers the handler as Target for the "Host" platform with the
-// PJRT plugin loaded from pluginPath (it must be loaded already: Register
-// finds the plugin's API through the loaded library). Programs compiled
-// afterwards may call Target.
-//
-// The registration arguments are those of xla-cpu-pjrt 0.0.1 (PJRT C API
-// 0.81); callers check the plugin's version first, since a plugin with a
-// different layout would read the handler from the wrong field.
-func Register(pluginPath string) error {
-	if !Supported() {
-		return ErrUnsupported
+// register registers the handler running kn, which check accepted.
+func register(pluginPath, target string, kn kernel) error {
+	var ck C.int
+	switch kn {
+	case kernelAVX512:
+		ck = C.STRIPDOT_AVX512
+	case kernelAVX2:
+		ck = C.STRIPDOT_AVX2
+	default:
+		panic("stripdot: register " + kn.String())
 	}
-	cpath, ctarget := C.CString(pluginPath), C.CString(Target)
+	cpath, ctarget := C.CString(pluginPath), C.CString(target)
 	defer C.free(unsafe.Pointer(cpath))
 	defer C.free(unsafe.Pointer(ctarget))
-	if msg := C.stripdot_register(cpath, ctarget); msg != nil {
+	if msg := C.stripdot_register(cpath, ctarget, ck); msg != nil {
 		defer C.free(unsafe.Pointer(msg))
-		return fmt.Errorf("stripdot: %s", C.GoString(msg))
+		return fmt.Errorf("stripdot: register the %s kernel as %s: %s", kn, target, C.GoString(msg))
 	}
 	return nil
 }

@@ -4,17 +4,17 @@ package stripdot
 
 import "errors"
 
-// Supported reports whether this build can run the kernel: only a cgo
-// build for x86-64, on a CPU with AVX-512F, can.
-func Supported() bool { return false }
+// ErrUnsupported is returned where the build or the CPU cannot run the
+// kernels.
+var ErrUnsupported = errors.New("stripdot: the kernel needs a cgo build for x86-64 and AVX-512F, or AVX2 and FMA")
 
-// ErrUnsupported is returned where the CPU lacks the kernel's instructions.
-var ErrUnsupported = errors.New("stripdot: the kernel needs a cgo build for x86-64 and AVX-512F")
+// kernels lists none: the kernels are C for x86-64, called through cgo.
+func kernels() []kernel { return nil }
 
-// Multiply is unavailable off x86-64.
-func Multiply(x []float32, m, k int, packed []float32, n int, out []float32) error {
-	return ErrUnsupported
+func multiply(kn kernel, x []float32, m, k int, packed []float32, n int, out []float32) {
+	panic("stripdot: multiply with " + kn.String() + " in a build without kernels")
 }
 
-// Register is unavailable off x86-64.
-func Register(pluginPath string) error { return ErrUnsupported }
+func register(pluginPath, target string, kn kernel) error {
+	panic("stripdot: register " + kn.String() + " in a build without kernels")
+}

@@ -16,7 +16,7 @@ import (
 func openPlugin(t *testing.T) *device.Runtime {
 	t.Helper()
 	if !stripdot.Supported() {
-		t.Skip("CPU without AVX-512F: the handler is never registered here")
+		t.Skip(stripdot.ErrUnsupported)
 	}
 	if _, err := device.FindPlugin(""); err != nil {
 		if os.Getenv("CI") != "" {
@@ -35,22 +35,39 @@ func openPlugin(t *testing.T) *device.Runtime {
 	return rt
 }
 
-// call is a program that only calls the handler, with the shapes given.
-func call(m, k, strips, outStrips int) string {
+// call is a program that only calls target, with the shapes given.
+func call(target string, m, k, strips, outStrips int) string {
 	return fmt.Sprintf(`module @strip {
   func.func @main(%%x: tensor<%dx%dxf32>, %%w: tensor<%dx%dx32xf32>) -> tensor<%dx%dx32xf32> {
     %%0 = "stablehlo.custom_call"(%%x, %%w) {api_version = 4 : i32, call_target_name = "%s"} : (tensor<%dx%dxf32>, tensor<%dx%dx32xf32>) -> tensor<%dx%dx32xf32>
     "func.return"(%%0) : (tensor<%dx%dx32xf32>) -> ()
   }
-}`, m, k, strips, k, m, outStrips, stripdot.Target, m, k, strips, k, m, outStrips, m, outStrips)
+}`, m, k, strips, k, m, outStrips, target, m, k, strips, k, m, outStrips, m, outStrips)
 }
 
 // TestHandlerThroughThePlugin runs the custom call in a program compiled
-// by the plugin and compares it with the plain Go reference.
+// by the plugin and compares it with the plain Go reference, with each
+// kernel this CPU runs: Target with the one Register chose, the others
+// under names of their own.
 func TestHandlerThroughThePlugin(t *testing.T) {
 	rt := openPlugin(t)
+	for _, name := range stripdot.KernelNames() {
+		t.Run(name, func(t *testing.T) {
+			target := stripdot.Target
+			if name != stripdot.Kernel() {
+				target += "_" + name
+				if err := stripdot.RegisterKernel(rt.Plugin.Path(), target, name); err != nil {
+					t.Fatal(err)
+				}
+			}
+			handlerThroughThePlugin(t, rt, target)
+		})
+	}
+}
+
+func handlerThroughThePlugin(t *testing.T, rt *device.Runtime, target string) {
 	const m, k, n = 3, 40, 96
-	exe, err := rt.Client.Compile().WithStableHLO([]byte(call(m, k, n/stripdot.Width, n/stripdot.Width))).Done()
+	exe, err := rt.Client.Compile().WithStableHLO([]byte(call(target, m, k, n/stripdot.Width, n/stripdot.Width))).Done()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +120,7 @@ func TestHandlerThroughThePlugin(t *testing.T) {
 func TestHandlerRejectsMismatchedShapes(t *testing.T) {
 	rt := openPlugin(t)
 	const m, k = 2, 8
-	exe, err := rt.Client.Compile().WithStableHLO([]byte(call(m, k, 2, 1))).Done()
+	exe, err := rt.Client.Compile().WithStableHLO([]byte(call(stripdot.Target, m, k, 2, 1))).Done()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,15 +1,17 @@
 // Package stripdot owns the matrix product the accelerator runs for small
 // batches on the CPU plugin: x[m,k]·W[k,n] with W stored as 32-column
 // strips, so that each strip is one contiguous run of memory streamed once
-// per block of up to 12 rows. At the batch sizes a serving mesh sees under
+// per block of rows (up to 12 with AVX-512, 6 with AVX2). At the batch sizes a serving mesh sees under
 // a latency budget (1 to a few dozen examples) the dense network is bound by
 // reading its weights, and XLA's matrix-matrix kernel reads [k,n] weights
 // through a blocked copy that costs about twice the stream.
 //
-// The package has the packing and a plain Go reference (this file), the
-// AVX-512 kernel, and the XLA FFI handler with its registration through the
-// PJRT plugin's FFI extension (kernel_amd64.go, stripdot_amd64.c). A program
-// calls the handler as
+// The package has the packing and a plain Go reference (this file), two
+// kernels (one for AVX-512F, one for AVX2 with FMA, for the CPUs without
+// AVX-512: each process registers the fastest its CPU runs), and the XLA
+// FFI handler with its registration through the PJRT plugin's FFI
+// extension (kernel.go, kernel_amd64.go, stripdot_amd64.c). A program calls
+// the handler as
 //
 //	stablehlo.custom_call @recmesh_strip_dot(x, packed) {api_version = 4}
 //	  : (tensor<m×k×f32>, tensor<s×k×32×f32>) -> tensor<m×s×32×f32>
@@ -66,7 +68,7 @@ func checkShapes(x []float32, m, k int, packed []float32, n int, out []float32) 
 }
 
 // Reference computes out[r][c] = Σ_i x[r][i]·W[i][c] from the packed
-// weights in plain Go: the yardstick of the kernel in tests.
+// weights in plain Go: the yardstick of the kernels in tests.
 func Reference(x []float32, m, k int, packed []float32, n int, out []float32) error {
 	if err := checkShapes(x, m, k, packed, n, out); err != nil {
 		return err

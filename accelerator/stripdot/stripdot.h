@@ -1,21 +1,35 @@
-// The C side of package stripdot: the AVX-512 kernel, the XLA FFI handler
-// that calls it, and the registration of that handler with a PJRT plugin.
+// The C side of package stripdot: the AVX-512 and AVX2 kernels, the XLA FFI
+// handler that calls them, and the registration of that handler with a PJRT
+// plugin.
 #ifndef RECMESH_STRIPDOT_H_
 #define RECMESH_STRIPDOT_H_
 
 #include <stdint.h>
 
-// Columns per strip: two 16-float AVX-512 registers.
+// Columns per strip: two 16-float AVX-512 registers, or four 8-float AVX2
+// ones.
 #define STRIPDOT_WIDTH 32
 
-// stripdot_multiply computes out[m][n] = sum_k x[m][k] * w[k][n] where the
-// weights w are packed as strips: packed[s][k][j] = w[k][s*32+j]. n must be
-// a multiple of 32; out is m rows of n floats.
-void stripdot_multiply(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out);
+// A kernel computes out[m][n] = sum_k x[m][k] * w[k][n] where the weights w
+// are packed as strips: packed[s][k][j] = w[k][s*32+j]. n must be a
+// multiple of 32; out is m rows of n floats. Every kernel computes each
+// output as the same chain of fused multiply-adds over k, in order, so all
+// of them give the same bits.
+typedef void stripdot_kernel(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out);
 
-// stripdot_register registers the FFI handler as target_name for platform
-// "Host" with the plugin whose GetPjrtApi lives in the already loaded
-// library path. It returns NULL on success, or a message the caller frees.
-char* stripdot_register(const char* path, const char* target_name);
+// The kernels (declared in full, not through the typedef, for cgo):
+// stripdot_multiply_avx512 needs AVX-512F, stripdot_multiply_avx2 AVX2 and
+// FMA.
+void stripdot_multiply_avx512(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out);
+void stripdot_multiply_avx2(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out);
+
+// The kernels stripdot_register can register.
+enum { STRIPDOT_AVX512 = 1, STRIPDOT_AVX2 = 2 };
+
+// stripdot_register registers the FFI handler running kernel (STRIPDOT_*) as
+// target_name for platform "Host" with the plugin whose GetPjrtApi lives in
+// the already loaded library path. It returns NULL on success, or a message
+// the caller frees.
+char* stripdot_register(const char* path, const char* target_name, int kernel);
 
 #endif  // RECMESH_STRIPDOT_H_

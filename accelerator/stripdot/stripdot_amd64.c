@@ -1,4 +1,4 @@
-// The kernel, the XLA FFI handler and its registration. The structs below
+// The kernels, the XLA FFI handler and its registration. The structs below
 // are the parts of the XLA FFI C API (xla/ffi/api/c_api.h) and of the PJRT C
 // API (xla/pjrt/c/pjrt_c_api.h, pjrt_c_api_ffi_extension.h) this file uses,
 // written out because neither header ships with the plugin; the layouts are
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-// ---- kernel ---------------------------------------------------------------
+// ---- AVX-512 kernel -------------------------------------------------------
 
 // Rows per block: 2*MR accumulators plus two weight registers and a
 // broadcast stay within the 32 zmm registers.
@@ -78,7 +78,8 @@ static void rows(const float* x, int64_t k, const float* strip, float* out, int6
   }
 }
 
-void stripdot_multiply(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out) {
+void stripdot_multiply_avx512(const float* x, int64_t m, int64_t k, const float* packed, int64_t n,
+                              float* out) {
   const int64_t strips = n / STRIPDOT_WIDTH;
   // Blocks of MR rows and one of the rest: the first block streams a strip
   // from memory, the others find it in L2. (Splitting the rows evenly, 16 as
@@ -94,6 +95,96 @@ void stripdot_multiply(const float* x, int64_t m, int64_t k, const float* packed
 }
 
 #pragma GCC pop_options
+
+// ---- AVX2 kernel ----------------------------------------------------------
+//
+// For CPUs with AVX2 and FMA but no AVX-512 (AMD EPYC before Zen 4, and
+// VMs that hide AVX-512). It reads the same packed strips: with 16 ymm
+// registers a whole 32-column strip (four registers a row) leaves room for
+// the accumulators of only two rows, so each block covers one 16-column
+// half of the strip (two registers a row) for up to MR2 rows, and the two
+// halves run one after the other. Each output element is still the FMA
+// chain over k from zero, in order, so the result equals the AVX-512
+// kernel's bit for bit.
+//
+// MR2 and PREFETCH_AVX2 were tuned on an AVX-512 Xeon running this path
+// (the only machine at hand), so they are to be measured again on an
+// AVX2-only host, whose caches and memory latency differ (Zen 2 and 3 have
+// 512 KiB of L2, barely more than the widest strip of the MLPerf network).
+
+// Rows per block: 2*MR2 accumulators plus two weight registers and a
+// broadcast fill 15 of the 16 ymm registers; fewer rows would stream each
+// strip from L2 more often for the same arithmetic.
+#define MR2 6
+
+// Strip rows fetched ahead of use, for the same reason as PREFETCH. The
+// first half's pass fetches both cache lines of each strip row, so that
+// the second half's finds them in L2 and only one pass over a strip reads
+// memory. 8 to 24 rows measured alike within the noise of a shared 2-core
+// VM, 32 and 64 no better; 16 is the AVX-512 kernel's distance.
+#ifndef PREFETCH_AVX2
+#define PREFETCH_AVX2 16
+#endif
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+// block_avx2 computes rows [0, R) of 16 columns of a strip, half pointing
+// at the strip's first row in those columns. R is a constant at each call
+// site, so the loops over r unroll. whole says whether to prefetch the
+// strip's other half too.
+static inline __attribute__((always_inline)) AVX2 void block_avx2(const float* x, int64_t k, const float* half,
+                                                                  float* out, int64_t ldo, const int R,
+                                                                  const int whole) {
+  __m256 lo[MR2], hi[MR2];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; r++) {
+    lo[r] = _mm256_setzero_ps();
+    hi[r] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < k; i++) {
+    _mm_prefetch((const char*)(half + (i + PREFETCH_AVX2) * STRIPDOT_WIDTH), _MM_HINT_T0);
+    if (whole) {
+      _mm_prefetch((const char*)(half + (i + PREFETCH_AVX2) * STRIPDOT_WIDTH + 16), _MM_HINT_T0);
+    }
+    const __m256 w0 = _mm256_loadu_ps(half + i * STRIPDOT_WIDTH);
+    const __m256 w1 = _mm256_loadu_ps(half + i * STRIPDOT_WIDTH + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+      const __m256 a = _mm256_broadcast_ss(x + r * k + i);
+      lo[r] = _mm256_fmadd_ps(a, w0, lo[r]);
+      hi[r] = _mm256_fmadd_ps(a, w1, hi[r]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; r++) {
+    _mm256_storeu_ps(out + r * ldo, lo[r]);
+    _mm256_storeu_ps(out + r * ldo + 8, hi[r]);
+  }
+}
+
+// rows_avx2 computes r rows of a whole strip, first half then second.
+static AVX2 void rows_avx2(const float* x, int64_t k, const float* strip, float* out, int64_t ldo, int64_t r) {
+  switch (r) {
+    case 1: block_avx2(x, k, strip, out, ldo, 1, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 1, 0); break;
+    case 2: block_avx2(x, k, strip, out, ldo, 2, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 2, 0); break;
+    case 3: block_avx2(x, k, strip, out, ldo, 3, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 3, 0); break;
+    case 4: block_avx2(x, k, strip, out, ldo, 4, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 4, 0); break;
+    case 5: block_avx2(x, k, strip, out, ldo, 5, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 5, 0); break;
+    default: block_avx2(x, k, strip, out, ldo, 6, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 6, 0); break;
+  }
+}
+
+AVX2 void stripdot_multiply_avx2(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out) {
+  const int64_t strips = n / STRIPDOT_WIDTH;
+  // Full blocks first and the rest last, as in the AVX-512 kernel.
+  for (int64_t s = 0; s < strips; s++) {
+    const float* strip = packed + s * k * STRIPDOT_WIDTH;
+    for (int64_t r0 = 0; r0 < m; r0 += MR2) {
+      const int64_t r = m - r0 < MR2 ? m - r0 : MR2;
+      rows_avx2(x + r0 * k, k, strip, out + r0 * n + s * STRIPDOT_WIDTH, n, r);
+    }
+  }
+}
 
 // ---- XLA FFI handler ------------------------------------------------------
 
@@ -176,9 +267,10 @@ static void* fail(const ffi_call_frame* f, const char* msg) {
   return f->api->error_create(&a);
 }
 
-// handler is the custom call: x [m, k] and packed weights [n/32, k, 32]
-// in, out [m, n/32, 32] (row-major, so the bytes of [m, n]).
-static void* handler(ffi_call_frame* f) {
+// handle is the custom call: x [m, k] and packed weights [n/32, k, 32]
+// in, out [m, n/32, 32] (row-major, so the bytes of [m, n]), computed by
+// kernel.
+static void* handle(ffi_call_frame* f, stripdot_kernel* kernel) {
   const ffi_ext_base* ext = f->extension_start;
   if (ext != NULL && ext->type == ffiMetadata) {
     // Registration asks which FFI version the handler speaks: the one of
@@ -208,9 +300,13 @@ static void* handler(ffi_call_frame* f) {
       o->dims[0] != x->dims[0] || o->dims[1] != w->dims[0] || o->dims[2] != STRIPDOT_WIDTH) {
     return fail(f, "recmesh strip dot: want x [m,k], weights [s,k,32] and result [m,s,32]");
   }
-  stripdot_multiply(x->data, x->dims[0], x->dims[1], w->data, w->dims[0] * STRIPDOT_WIDTH, o->data);
+  kernel(x->data, x->dims[0], x->dims[1], w->data, w->dims[0] * STRIPDOT_WIDTH, o->data);
   return NULL;
 }
+
+// One handler per kernel: XLA calls a handler with the call frame alone.
+static void* handler_avx512(ffi_call_frame* f) { return handle(f, stripdot_multiply_avx512); }
+static void* handler_avx2(ffi_call_frame* f) { return handle(f, stripdot_multiply_avx2); }
 
 // ---- registration with the PJRT plugin ------------------------------------
 
@@ -275,7 +371,17 @@ static char* message(const char* format, const char* detail) {
   return s;
 }
 
-char* stripdot_register(const char* path, const char* target_name) {
+char* stripdot_register(const char* path, const char* target_name, int kernel) {
+  void* handler;
+  switch (kernel) {
+    case STRIPDOT_AVX512: handler = (void*)handler_avx512; break;
+    case STRIPDOT_AVX2: handler = (void*)handler_avx2; break;
+    default: {
+      char* s = malloc(32);
+      snprintf(s, 32, "unknown kernel %d", kernel);
+      return s;
+    }
+  }
   void* lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
   if (lib == NULL) {
     return message("plugin %s is not loaded", path);
@@ -301,7 +407,7 @@ char* stripdot_register(const char* path, const char* target_name) {
   a.struct_size = sizeof a;
   a.target_name = target_name;
   a.target_name_size = strlen(target_name);
-  a.handler = (void*)handler;
+  a.handler = handler;
   a.platform_name = "Host";
   a.platform_name_size = 4;
   void* err = ffi->register_handler(&a);

@@ -3,8 +3,11 @@ package stripdot
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
+
+	"golang.org/x/sys/cpu"
 )
 
 func randomMatrix(rng *rand.Rand, n int) []float32 {
@@ -72,40 +75,125 @@ func TestReferenceIsTheProduct(t *testing.T) {
 	}
 }
 
-// TestMultiplyMatchesReference runs the kernel over every row-block
-// remainder and a few depths, including the DLRM-DCNv2 shapes.
-func TestMultiplyMatchesReference(t *testing.T) {
+// fma32 returns a·b+c rounded once to float32, as VFMADD does. The
+// product is exact in float64 (24+24 bits); the float64 sum is rounded to
+// odd (its last bit set when the sum was inexact, from TwoSum's error), and
+// a float64 rounded to odd rounds to float32 as the exact value would,
+// where plain rounding to float64 first could land on a float32 tie.
+func fma32(a, b, c float32) float32 {
+	p, q := float64(a)*float64(b), float64(c)
+	s := p + q
+	v := s - p
+	e := (p - (s - v)) + (q - v)
+	if e != 0 && math.Float64bits(s)&1 == 0 {
+		s = math.Nextafter(s, math.Copysign(math.Inf(1), e))
+	}
+	return float32(s)
+}
+
+func TestFMA32RoundsOnce(t *testing.T) {
+	// (1+2⁻¹²)·(1-4095·2⁻²⁴)·2⁻²⁴ = 2⁻²⁴+2⁻⁶⁰: added to 1 it lies just
+	// past the tie between 1 and 1+2⁻²³, where float64 cannot tell.
+	a, b := float32(1+0x1p-12), float32((1-4095*0x1p-24)*0x1p-24)
+	if got, want := fma32(a, b, 1), float32(1+0x1p-23); got != want {
+		t.Errorf("fma32 = %v, want %v", got, want)
+	}
+	if twice := float32(float64(a)*float64(b) + 1); twice != 1 {
+		t.Errorf("rounding through float64 = %v; the case no longer tests double rounding", twice)
+	}
+	for _, c := range [][3]float32{{2, 3, 4}, {-1.5, 2, 3}, {0.1, 0.2, -0.02}, {0, -1, 0}, {1e-30, 1e-30, 0}} {
+		if got, want := fma32(c[0], c[1], c[2]), float32(math.FMA(float64(c[0]), float64(c[1]), float64(c[2]))); got != want {
+			t.Errorf("fma32(%v) = %v, want %v", c, got, want)
+		}
+	}
+}
+
+// fusedReference is Reference with each multiply-add fused: the kernels'
+// arithmetic, in Reference's order.
+func fusedReference(x []float32, m, k int, packed []float32, n int, out []float32) {
+	for r := 0; r < m; r++ {
+		for s := 0; s < n/Width; s++ {
+			strip := packed[s*k*Width : (s+1)*k*Width]
+			var acc [Width]float32
+			for i := 0; i < k; i++ {
+				a := x[r*k+i]
+				for j, w := range strip[i*Width : (i+1)*Width] {
+					acc[j] = fma32(a, w, acc[j])
+				}
+			}
+			copy(out[r*n+s*Width:], acc[:])
+		}
+	}
+}
+
+// TestKernelsListBoth checks that a CPU with AVX-512 tests the AVX2 kernel
+// too: CI has no AVX2-only host.
+func TestKernelsListBoth(t *testing.T) {
+	t.Logf("kernels: %v, Multiply and Register use %s", kernels(), Kernel())
+	if Supported() && cpu.X86.HasAVX512F && !slices.Equal(kernels(), []kernel{kernelAVX512, kernelAVX2}) {
+		t.Errorf("kernels on an AVX-512 CPU = %v, want [avx512 avx2]", kernels())
+	}
+	if Supported() != (Kernel() != "none") {
+		t.Errorf("Supported() = %v with kernel %s", Supported(), Kernel())
+	}
+}
+
+// TestKernelsMatchReference runs every kernel this CPU runs over every
+// row-block remainder of both (blocks of 12 and of 6 rows), depths that
+// are not multiples of a vector, and the DLRM-DCNv2 shapes.
+func TestKernelsMatchReference(t *testing.T) {
 	if !Supported() {
-		t.Skip("CPU without AVX-512F: the kernel is never registered here")
+		t.Skip(ErrUnsupported)
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
-	shapes := []struct{ k, n int }{{1, 32}, {13, 512}, {100, 96}, {600, 64}, {3456, 512}, {512, 3456}}
-	for _, sh := range shapes {
-		for _, m := range []int{1, 2, 3, 5, 8, 11, 12, 13, 16, 25, 32} {
-			if sh.k*sh.n > 1<<20 && m > 16 {
-				continue
-			}
+	small := []struct{ k, n int }{{1, 32}, {3, 64}, {7, 32}, {13, 512}, {17, 96}, {100, 96}, {600, 64}}
+	// The MLPerf network's products whose widths are multiples of 32: the
+	// bottom MLP, the low-rank cross layers and the top MLP.
+	dcn := []struct{ k, n int }{{13, 512}, {512, 256}, {256, 128}, {3456, 512}, {512, 3456}, {3456, 1024}, {1024, 1024},
+		{1024, 512}, {512, 256}}
+	rows := func(big bool) []int {
+		if big { // the Go references would take a minute over every m
+			return []int{1, 7, 13, 17}
+		}
+		ms := []int{24, 32}
+		for m := 1; m <= 17; m++ {
+			ms = append(ms, m)
+		}
+		return ms
+	}
+	for _, sh := range append(small, dcn...) {
+		for _, m := range rows(sh.k*sh.n > 1<<17) {
 			x, w := randomMatrix(rng, m*sh.k), randomMatrix(rng, sh.k*sh.n)
 			packed := make([]float32, sh.k*sh.n)
 			if err := Pack(packed, w, sh.k, sh.n); err != nil {
 				t.Fatal(err)
 			}
-			want, got := make([]float32, m*sh.n), make([]float32, m*sh.n+1)
-			got[m*sh.n] = 42 // the kernel must not write past the product
+			want, fused := make([]float32, m*sh.n), make([]float32, m*sh.n)
 			if err := Reference(x, m, sh.k, packed, sh.n, want); err != nil {
 				t.Fatal(err)
 			}
-			if err := Multiply(x, m, sh.k, packed, sh.n, got); err != nil {
-				t.Fatal(err)
-			}
-			tol := 1e-5 * math.Sqrt(float64(sh.k)) // summation order differs
-			for i := range want {
-				if d := math.Abs(float64(got[i] - want[i])); d > tol {
-					t.Fatalf("m=%d k=%d n=%d: out[%d] = %v, reference %v", m, sh.k, sh.n, i, got[i], want[i])
+			fusedReference(x, m, sh.k, packed, sh.n, fused)
+			// Reference rounds each product before adding it, the kernels
+			// fuse the two: they differ by roundings that grow like √k
+			// over products of random sign and magnitude below 1.
+			tol := 1e-5 * math.Sqrt(float64(sh.k))
+			for _, kn := range kernels() {
+				got := make([]float32, m*sh.n+1)
+				got[m*sh.n] = 42 // the kernel must not write past the product
+				if err := multiplyWith(kn, x, m, sh.k, packed, sh.n, got); err != nil {
+					t.Fatal(err)
 				}
-			}
-			if got[m*sh.n] != 42 {
-				t.Fatalf("m=%d k=%d n=%d: the kernel wrote past its output", m, sh.k, sh.n)
+				for i := range want {
+					if got[i] != fused[i] {
+						t.Fatalf("%s m=%d k=%d n=%d: out[%d] = %v, fused reference %v", kn, m, sh.k, sh.n, i, got[i], fused[i])
+					}
+					if d := math.Abs(float64(got[i] - want[i])); d > tol {
+						t.Fatalf("%s m=%d k=%d n=%d: out[%d] = %v, reference %v", kn, m, sh.k, sh.n, i, got[i], want[i])
+					}
+				}
+				if got[m*sh.n] != 42 {
+					t.Fatalf("%s m=%d k=%d n=%d: the kernel wrote past its output", kn, m, sh.k, sh.n)
+				}
 			}
 		}
 	}
@@ -113,23 +201,38 @@ func TestMultiplyMatchesReference(t *testing.T) {
 
 func TestMultiplyRejectsShortSlices(t *testing.T) {
 	if !Supported() {
-		t.Skip("CPU without AVX-512F")
+		if err := Multiply(make([]float32, 4), 2, 2, make([]float32, 64), 32, make([]float32, 64)); err != ErrUnsupported {
+			t.Errorf("Multiply without a kernel: err = %v, want ErrUnsupported", err)
+		}
+		t.Skip(ErrUnsupported)
 	}
-	if err := Multiply(make([]float32, 3), 2, 2, make([]float32, 64), 32, make([]float32, 64)); err == nil {
-		t.Error("Multiply accepted an x with 3 values for a [2,2] input")
+	for _, kn := range kernels() {
+		if err := multiplyWith(kn, make([]float32, 3), 2, 2, make([]float32, 64), 32, make([]float32, 64)); err == nil {
+			t.Errorf("%s accepted an x with 3 values for a [2,2] input", kn)
+		}
+		if err := multiplyWith(kn, make([]float32, 4), 2, 2, make([]float32, 64), 32, make([]float32, 63)); err == nil {
+			t.Errorf("%s accepted an output too small", kn)
+		}
 	}
-	if err := Multiply(make([]float32, 4), 2, 2, make([]float32, 64), 32, make([]float32, 63)); err == nil {
-		t.Error("Multiply accepted an output too small")
+}
+
+func TestMultiplyWithRefusesKernelsTheCPULacks(t *testing.T) {
+	for _, kn := range []kernel{kernelNone, kernelAVX2, kernelAVX512} {
+		err := multiplyWith(kn, make([]float32, 4), 2, 2, make([]float32, 64), 32, make([]float32, 64))
+		if runs := slices.Contains(kernels(), kn); runs != (err == nil) {
+			t.Errorf("%s: err = %v, and this CPU runs it: %v", kn, err, runs)
+		}
 	}
 }
 
 // BenchmarkMultiply runs the products of one DCNv2 forward pass of the
 // MLPerf network whose widths are multiples of 32 (three low-rank cross
 // layers over 3456 features, then the top MLP's first layers), each with its
-// own weights, at the buckets the accelerator runs.
+// own weights, at the buckets the accelerator runs, with each kernel this
+// CPU runs.
 func BenchmarkMultiply(b *testing.B) {
 	if !Supported() {
-		b.Skip("CPU without AVX-512F")
+		b.Skip(ErrUnsupported)
 	}
 	rng := rand.New(rand.NewPCG(5, 6))
 	type layer struct {
@@ -141,17 +244,19 @@ func BenchmarkMultiply(b *testing.B) {
 		{3456, 1024}, {1024, 1024}, {1024, 512}} {
 		layers = append(layers, layer{kn[0], kn[1], randomMatrix(rng, kn[0]*kn[1])})
 	}
-	for _, m := range []int{1, 16, 32, 64, 128} {
-		b.Run("m="+strconv.Itoa(m), func(b *testing.B) {
-			x, out := randomMatrix(rng, m*3456), make([]float32, m*3456)
-			for b.Loop() {
-				for _, l := range layers {
-					if err := Multiply(x[:m*l.k], m, l.k, l.w, l.n, out[:m*l.n]); err != nil {
-						b.Fatal(err)
+	for _, kn := range kernels() {
+		for _, m := range []int{1, 16, 32, 64, 128} {
+			b.Run(kn.String()+"/m="+strconv.Itoa(m), func(b *testing.B) {
+				x, out := randomMatrix(rng, m*3456), make([]float32, m*3456)
+				for b.Loop() {
+					for _, l := range layers {
+						if err := multiplyWith(kn, x[:m*l.k], m, l.k, l.w, l.n, out[:m*l.n]); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
-			}
-			b.ReportMetric(float64(b.N)*float64(m)/b.Elapsed().Seconds(), "examples/s")
-		})
+				b.ReportMetric(float64(b.N)*float64(m)/b.Elapsed().Seconds(), "examples/s")
+			})
+		}
 	}
 }

@@ -58,7 +58,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.maxBatch, "max-batch", executor.DefaultMaxBatch, "largest batch bucket")
 	fs.StringVar(&c.program, "program", "default", "StableHLO formulation: default, or plain (the model's math\n"+
 		"transcribed op for op, the yardstick of the default one)")
-	fs.StringVar(&c.stripDot, "strip-dot", "auto", "small-batch products by recmesh's strip kernel (CPU plugin, AVX-512F):\n"+
+	fs.StringVar(&c.stripDot, "strip-dot", "auto", "small-batch products by recmesh's strip kernel (CPU plugin; AVX-512F, or AVX2 and FMA):\n"+
 		"auto (time both programs of each bucket at start-up, keep the faster), on, or off")
 	fs.IntVar(&c.stripDotMax, "strip-dot-max-bucket", executor.DefaultStripDotMaxBucket,
 		"largest bucket that may use the strip kernel")
