@@ -18,6 +18,172 @@ DATA quietbit<>+24(SB)/4, $0x00400000
 DATA quietbit<>+28(SB)/4, $0x00400000
 GLOBL quietbit<>(SB), RODATA|NOPTR, $32
 
+DATA levels<>+0(SB)/4, $0x00000000
+DATA levels<>+4(SB)/4, $0x3f800000
+DATA levels<>+8(SB)/4, $0x40000000
+DATA levels<>+12(SB)/4, $0x40400000
+DATA levels<>+16(SB)/4, $0x40800000
+DATA levels<>+20(SB)/4, $0x40a00000
+DATA levels<>+24(SB)/4, $0x40c00000
+DATA levels<>+28(SB)/4, $0x40e00000
+DATA levels<>+32(SB)/4, $0x41000000
+DATA levels<>+36(SB)/4, $0x41100000
+DATA levels<>+40(SB)/4, $0x41200000
+DATA levels<>+44(SB)/4, $0x41300000
+DATA levels<>+48(SB)/4, $0x41400000
+DATA levels<>+52(SB)/4, $0x41500000
+DATA levels<>+56(SB)/4, $0x41600000
+DATA levels<>+60(SB)/4, $0x41700000
+GLOBL levels<>(SB), RODATA|NOPTR, $64
+
+DATA spread<>+0(SB)/4, $0x00000000
+DATA spread<>+4(SB)/4, $0x00000000
+DATA spread<>+8(SB)/4, $0x00000000
+DATA spread<>+12(SB)/4, $0x00000000
+DATA spread<>+16(SB)/4, $0x00000000
+DATA spread<>+20(SB)/4, $0x00000000
+DATA spread<>+24(SB)/4, $0x00000000
+DATA spread<>+28(SB)/4, $0x00000000
+DATA spread<>+32(SB)/4, $0x00000001
+DATA spread<>+36(SB)/4, $0x00000001
+DATA spread<>+40(SB)/4, $0x00000001
+DATA spread<>+44(SB)/4, $0x00000001
+DATA spread<>+48(SB)/4, $0x00000001
+DATA spread<>+52(SB)/4, $0x00000001
+DATA spread<>+56(SB)/4, $0x00000001
+DATA spread<>+60(SB)/4, $0x00000001
+DATA spread<>+64(SB)/4, $0x00000002
+DATA spread<>+68(SB)/4, $0x00000002
+DATA spread<>+72(SB)/4, $0x00000002
+DATA spread<>+76(SB)/4, $0x00000002
+DATA spread<>+80(SB)/4, $0x00000002
+DATA spread<>+84(SB)/4, $0x00000002
+DATA spread<>+88(SB)/4, $0x00000002
+DATA spread<>+92(SB)/4, $0x00000002
+DATA spread<>+96(SB)/4, $0x00000003
+DATA spread<>+100(SB)/4, $0x00000003
+DATA spread<>+104(SB)/4, $0x00000003
+DATA spread<>+108(SB)/4, $0x00000003
+DATA spread<>+112(SB)/4, $0x00000003
+DATA spread<>+116(SB)/4, $0x00000003
+DATA spread<>+120(SB)/4, $0x00000003
+DATA spread<>+124(SB)/4, $0x00000003
+DATA spread<>+128(SB)/4, $0x00000004
+DATA spread<>+132(SB)/4, $0x00000004
+DATA spread<>+136(SB)/4, $0x00000004
+DATA spread<>+140(SB)/4, $0x00000004
+DATA spread<>+144(SB)/4, $0x00000004
+DATA spread<>+148(SB)/4, $0x00000004
+DATA spread<>+152(SB)/4, $0x00000004
+DATA spread<>+156(SB)/4, $0x00000004
+DATA spread<>+160(SB)/4, $0x00000005
+DATA spread<>+164(SB)/4, $0x00000005
+DATA spread<>+168(SB)/4, $0x00000005
+DATA spread<>+172(SB)/4, $0x00000005
+DATA spread<>+176(SB)/4, $0x00000005
+DATA spread<>+180(SB)/4, $0x00000005
+DATA spread<>+184(SB)/4, $0x00000005
+DATA spread<>+188(SB)/4, $0x00000005
+DATA spread<>+192(SB)/4, $0x00000006
+DATA spread<>+196(SB)/4, $0x00000006
+DATA spread<>+200(SB)/4, $0x00000006
+DATA spread<>+204(SB)/4, $0x00000006
+DATA spread<>+208(SB)/4, $0x00000006
+DATA spread<>+212(SB)/4, $0x00000006
+DATA spread<>+216(SB)/4, $0x00000006
+DATA spread<>+220(SB)/4, $0x00000006
+DATA spread<>+224(SB)/4, $0x00000007
+DATA spread<>+228(SB)/4, $0x00000007
+DATA spread<>+232(SB)/4, $0x00000007
+DATA spread<>+236(SB)/4, $0x00000007
+DATA spread<>+240(SB)/4, $0x00000007
+DATA spread<>+244(SB)/4, $0x00000007
+DATA spread<>+248(SB)/4, $0x00000007
+DATA spread<>+252(SB)/4, $0x00000007
+DATA spread<>+256(SB)/4, $0x00000008
+DATA spread<>+260(SB)/4, $0x00000008
+DATA spread<>+264(SB)/4, $0x00000008
+DATA spread<>+268(SB)/4, $0x00000008
+DATA spread<>+272(SB)/4, $0x00000008
+DATA spread<>+276(SB)/4, $0x00000008
+DATA spread<>+280(SB)/4, $0x00000008
+DATA spread<>+284(SB)/4, $0x00000008
+DATA spread<>+288(SB)/4, $0x00000009
+DATA spread<>+292(SB)/4, $0x00000009
+DATA spread<>+296(SB)/4, $0x00000009
+DATA spread<>+300(SB)/4, $0x00000009
+DATA spread<>+304(SB)/4, $0x00000009
+DATA spread<>+308(SB)/4, $0x00000009
+DATA spread<>+312(SB)/4, $0x00000009
+DATA spread<>+316(SB)/4, $0x00000009
+DATA spread<>+320(SB)/4, $0x0000000a
+DATA spread<>+324(SB)/4, $0x0000000a
+DATA spread<>+328(SB)/4, $0x0000000a
+DATA spread<>+332(SB)/4, $0x0000000a
+DATA spread<>+336(SB)/4, $0x0000000a
+DATA spread<>+340(SB)/4, $0x0000000a
+DATA spread<>+344(SB)/4, $0x0000000a
+DATA spread<>+348(SB)/4, $0x0000000a
+DATA spread<>+352(SB)/4, $0x0000000b
+DATA spread<>+356(SB)/4, $0x0000000b
+DATA spread<>+360(SB)/4, $0x0000000b
+DATA spread<>+364(SB)/4, $0x0000000b
+DATA spread<>+368(SB)/4, $0x0000000b
+DATA spread<>+372(SB)/4, $0x0000000b
+DATA spread<>+376(SB)/4, $0x0000000b
+DATA spread<>+380(SB)/4, $0x0000000b
+DATA spread<>+384(SB)/4, $0x0000000c
+DATA spread<>+388(SB)/4, $0x0000000c
+DATA spread<>+392(SB)/4, $0x0000000c
+DATA spread<>+396(SB)/4, $0x0000000c
+DATA spread<>+400(SB)/4, $0x0000000c
+DATA spread<>+404(SB)/4, $0x0000000c
+DATA spread<>+408(SB)/4, $0x0000000c
+DATA spread<>+412(SB)/4, $0x0000000c
+DATA spread<>+416(SB)/4, $0x0000000d
+DATA spread<>+420(SB)/4, $0x0000000d
+DATA spread<>+424(SB)/4, $0x0000000d
+DATA spread<>+428(SB)/4, $0x0000000d
+DATA spread<>+432(SB)/4, $0x0000000d
+DATA spread<>+436(SB)/4, $0x0000000d
+DATA spread<>+440(SB)/4, $0x0000000d
+DATA spread<>+444(SB)/4, $0x0000000d
+DATA spread<>+448(SB)/4, $0x0000000e
+DATA spread<>+452(SB)/4, $0x0000000e
+DATA spread<>+456(SB)/4, $0x0000000e
+DATA spread<>+460(SB)/4, $0x0000000e
+DATA spread<>+464(SB)/4, $0x0000000e
+DATA spread<>+468(SB)/4, $0x0000000e
+DATA spread<>+472(SB)/4, $0x0000000e
+DATA spread<>+476(SB)/4, $0x0000000e
+DATA spread<>+480(SB)/4, $0x0000000f
+DATA spread<>+484(SB)/4, $0x0000000f
+DATA spread<>+488(SB)/4, $0x0000000f
+DATA spread<>+492(SB)/4, $0x0000000f
+DATA spread<>+496(SB)/4, $0x0000000f
+DATA spread<>+500(SB)/4, $0x0000000f
+DATA spread<>+504(SB)/4, $0x0000000f
+DATA spread<>+508(SB)/4, $0x0000000f
+GLOBL spread<>(SB), RODATA|NOPTR, $512
+
+DATA nibbleshift<>+0(SB)/4, $0x00000000
+DATA nibbleshift<>+4(SB)/4, $0x00000004
+DATA nibbleshift<>+8(SB)/4, $0x00000008
+DATA nibbleshift<>+12(SB)/4, $0x0000000c
+DATA nibbleshift<>+16(SB)/4, $0x00000010
+DATA nibbleshift<>+20(SB)/4, $0x00000014
+DATA nibbleshift<>+24(SB)/4, $0x00000018
+DATA nibbleshift<>+28(SB)/4, $0x0000001c
+DATA nibbleshift<>+32(SB)/4, $0x00000000
+DATA nibbleshift<>+36(SB)/4, $0x00000004
+DATA nibbleshift<>+40(SB)/4, $0x00000008
+DATA nibbleshift<>+44(SB)/4, $0x0000000c
+DATA nibbleshift<>+48(SB)/4, $0x00000010
+DATA nibbleshift<>+52(SB)/4, $0x00000014
+DATA nibbleshift<>+56(SB)/4, $0x00000018
+DATA nibbleshift<>+60(SB)/4, $0x0000001c
+GLOBL nibbleshift<>(SB), RODATA|NOPTR, $64
+
 // func poolAVX512(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int, prec int)
 // Requires: AVX, AVX2, AVX512F, MMX+
 TEXT ·poolAVX512(SB), NOSPLIT, $0-80
@@ -604,73 +770,46 @@ poolAVX512Int4_table:
 	ADDQ         R12, R13
 	ADDQ         $0x04, CX
 	VPBROADCASTW 64(R13), Y0
-	VCVTPH2PS    Y0, Z8
-	VPBROADCASTW 66(R13), Y0
-	VCVTPH2PS    Y0, Z9
-	VPMOVZXBW    (R13), X0
-	VPSLLW       $0x04, X0, X1
-	VPOR         X1, X0, X0
-	VPAND        nibbles<>+0(SB), X0, X0
-	VPMOVZXBD    X0, Z0
-	VCVTDQ2PS    Z0, Z0
-	VMULPS       Z8, Z0, Z0
-	VADDPS       Z9, Z0, Z0
-	VPMOVZXBW    8(R13), X1
-	VPSLLW       $0x04, X1, X2
-	VPOR         X2, X1, X1
-	VPAND        nibbles<>+0(SB), X1, X1
-	VPMOVZXBD    X1, Z1
-	VCVTDQ2PS    Z1, Z1
-	VMULPS       Z8, Z1, Z1
-	VADDPS       Z9, Z1, Z1
-	VPMOVZXBW    16(R13), X2
-	VPSLLW       $0x04, X2, X3
-	VPOR         X3, X2, X2
-	VPAND        nibbles<>+0(SB), X2, X2
-	VPMOVZXBD    X2, Z2
-	VCVTDQ2PS    Z2, Z2
-	VMULPS       Z8, Z2, Z2
-	VADDPS       Z9, Z2, Z2
-	VPMOVZXBW    24(R13), X3
-	VPSLLW       $0x04, X3, X4
-	VPOR         X4, X3, X3
-	VPAND        nibbles<>+0(SB), X3, X3
-	VPMOVZXBD    X3, Z3
-	VCVTDQ2PS    Z3, Z3
-	VMULPS       Z8, Z3, Z3
-	VADDPS       Z9, Z3, Z3
-	VPMOVZXBW    32(R13), X4
-	VPSLLW       $0x04, X4, X5
-	VPOR         X5, X4, X4
-	VPAND        nibbles<>+0(SB), X4, X4
-	VPMOVZXBD    X4, Z4
-	VCVTDQ2PS    Z4, Z4
-	VMULPS       Z8, Z4, Z4
-	VADDPS       Z9, Z4, Z4
-	VPMOVZXBW    40(R13), X5
-	VPSLLW       $0x04, X5, X6
-	VPOR         X6, X5, X5
-	VPAND        nibbles<>+0(SB), X5, X5
-	VPMOVZXBD    X5, Z5
-	VCVTDQ2PS    Z5, Z5
-	VMULPS       Z8, Z5, Z5
-	VADDPS       Z9, Z5, Z5
-	VPMOVZXBW    48(R13), X6
-	VPSLLW       $0x04, X6, X7
-	VPOR         X7, X6, X6
-	VPAND        nibbles<>+0(SB), X6, X6
-	VPMOVZXBD    X6, Z6
-	VCVTDQ2PS    Z6, Z6
-	VMULPS       Z8, Z6, Z6
-	VADDPS       Z9, Z6, Z6
-	VPMOVZXBW    56(R13), X7
-	VPSLLW       $0x04, X7, X10
-	VPOR         X10, X7, X7
-	VPAND        nibbles<>+0(SB), X7, X7
-	VPMOVZXBD    X7, Z7
-	VCVTDQ2PS    Z7, Z7
-	VMULPS       Z8, Z7, Z7
-	VADDPS       Z9, Z7, Z7
+	VCVTPH2PS    Y0, Z0
+	VPBROADCASTW 66(R13), Y1
+	VCVTPH2PS    Y1, Z1
+	VMOVUPS      levels<>+0(SB), Z8
+	VMULPS       Z0, Z8, Z8
+	VADDPS       Z1, Z8, Z8
+	VMOVDQU32    (R13), Z9
+	VMOVDQU32    nibbleshift<>+0(SB), Z10
+	VMOVDQU32    spread<>+0(SB), Z0
+	VPERMD       Z9, Z0, Z0
+	VPSRLVD      Z10, Z0, Z0
+	VPERMPS      Z8, Z0, Z0
+	VMOVDQU32    spread<>+64(SB), Z1
+	VPERMD       Z9, Z1, Z1
+	VPSRLVD      Z10, Z1, Z1
+	VPERMPS      Z8, Z1, Z1
+	VMOVDQU32    spread<>+128(SB), Z2
+	VPERMD       Z9, Z2, Z2
+	VPSRLVD      Z10, Z2, Z2
+	VPERMPS      Z8, Z2, Z2
+	VMOVDQU32    spread<>+192(SB), Z3
+	VPERMD       Z9, Z3, Z3
+	VPSRLVD      Z10, Z3, Z3
+	VPERMPS      Z8, Z3, Z3
+	VMOVDQU32    spread<>+256(SB), Z4
+	VPERMD       Z9, Z4, Z4
+	VPSRLVD      Z10, Z4, Z4
+	VPERMPS      Z8, Z4, Z4
+	VMOVDQU32    spread<>+320(SB), Z5
+	VPERMD       Z9, Z5, Z5
+	VPSRLVD      Z10, Z5, Z5
+	VPERMPS      Z8, Z5, Z5
+	VMOVDQU32    spread<>+384(SB), Z6
+	VPERMD       Z9, Z6, Z6
+	VPSRLVD      Z10, Z6, Z6
+	VPERMPS      Z8, Z6, Z6
+	VMOVDQU32    spread<>+448(SB), Z7
+	VPERMD       Z9, Z7, Z7
+	VPSRLVD      Z10, Z7, Z7
+	VPERMPS      Z8, Z7, Z7
 	CMPQ         R8, DI
 	JAE          poolAVX512Int4_pfskip2
 	MOVLQSX      (R8), R13
@@ -698,78 +837,51 @@ poolAVX512Int4_bag:
 	VCVTPH2PS    Y8, Z8
 	VPBROADCASTW 66(R13), Y9
 	VCVTPH2PS    Y9, Z9
-	VPMOVZXBW    (R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Z10
-	VCVTDQ2PS    Z10, Z10
+	VMOVUPS      levels<>+0(SB), Z10
 	VMULPS       Z8, Z10, Z10
 	VADDPS       Z9, Z10, Z10
-	VADDPS       Z10, Z0, Z0
-	VPMOVZXBW    8(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Z10
-	VCVTDQ2PS    Z10, Z10
-	VMULPS       Z8, Z10, Z10
-	VADDPS       Z9, Z10, Z10
-	VADDPS       Z10, Z1, Z1
-	VPMOVZXBW    16(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Z10
-	VCVTDQ2PS    Z10, Z10
-	VMULPS       Z8, Z10, Z10
-	VADDPS       Z9, Z10, Z10
-	VADDPS       Z10, Z2, Z2
-	VPMOVZXBW    24(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Z10
-	VCVTDQ2PS    Z10, Z10
-	VMULPS       Z8, Z10, Z10
-	VADDPS       Z9, Z10, Z10
-	VADDPS       Z10, Z3, Z3
-	VPMOVZXBW    32(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Z10
-	VCVTDQ2PS    Z10, Z10
-	VMULPS       Z8, Z10, Z10
-	VADDPS       Z9, Z10, Z10
-	VADDPS       Z10, Z4, Z4
-	VPMOVZXBW    40(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Z10
-	VCVTDQ2PS    Z10, Z10
-	VMULPS       Z8, Z10, Z10
-	VADDPS       Z9, Z10, Z10
-	VADDPS       Z10, Z5, Z5
-	VPMOVZXBW    48(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Z10
-	VCVTDQ2PS    Z10, Z10
-	VMULPS       Z8, Z10, Z10
-	VADDPS       Z9, Z10, Z10
-	VADDPS       Z10, Z6, Z6
-	VPMOVZXBW    56(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Z10
-	VCVTDQ2PS    Z10, Z10
-	VMULPS       Z8, Z10, Z10
-	VADDPS       Z9, Z10, Z10
-	VADDPS       Z10, Z7, Z7
+	VMOVDQU32    (R13), Z8
+	VMOVDQU32    nibbleshift<>+0(SB), Z9
+	VMOVDQU32    spread<>+0(SB), Z11
+	VPERMD       Z8, Z11, Z11
+	VPSRLVD      Z9, Z11, Z11
+	VPERMPS      Z10, Z11, Z11
+	VADDPS       Z11, Z0, Z0
+	VMOVDQU32    spread<>+64(SB), Z11
+	VPERMD       Z8, Z11, Z11
+	VPSRLVD      Z9, Z11, Z11
+	VPERMPS      Z10, Z11, Z11
+	VADDPS       Z11, Z1, Z1
+	VMOVDQU32    spread<>+128(SB), Z11
+	VPERMD       Z8, Z11, Z11
+	VPSRLVD      Z9, Z11, Z11
+	VPERMPS      Z10, Z11, Z11
+	VADDPS       Z11, Z2, Z2
+	VMOVDQU32    spread<>+192(SB), Z11
+	VPERMD       Z8, Z11, Z11
+	VPSRLVD      Z9, Z11, Z11
+	VPERMPS      Z10, Z11, Z11
+	VADDPS       Z11, Z3, Z3
+	VMOVDQU32    spread<>+256(SB), Z11
+	VPERMD       Z8, Z11, Z11
+	VPSRLVD      Z9, Z11, Z11
+	VPERMPS      Z10, Z11, Z11
+	VADDPS       Z11, Z4, Z4
+	VMOVDQU32    spread<>+320(SB), Z11
+	VPERMD       Z8, Z11, Z11
+	VPSRLVD      Z9, Z11, Z11
+	VPERMPS      Z10, Z11, Z11
+	VADDPS       Z11, Z5, Z5
+	VMOVDQU32    spread<>+384(SB), Z11
+	VPERMD       Z8, Z11, Z11
+	VPSRLVD      Z9, Z11, Z11
+	VPERMPS      Z10, Z11, Z11
+	VADDPS       Z11, Z6, Z6
+	VMOVDQU32    spread<>+448(SB), Z11
+	VPERMD       Z8, Z11, Z11
+	VPSRLVD      Z9, Z11, Z11
+	VPERMPS      Z10, Z11, Z11
+	VADDPS       Z11, Z7, Z7
 	CMPQ         R8, DI
 	JAE          poolAVX512Int4_pfskip3
 	MOVLQSX      (R8), R13
