@@ -37,7 +37,7 @@ func best() kernel {
 }
 
 // Supported reports whether this build and CPU run a kernel: a cgo build
-// for x86-64 does, on a CPU with AVX-512F or with AVX2 and FMA.
+// for x86-64 does, on a CPU with AVX-512F or with AVX2, FMA and F16C.
 func Supported() bool { return best() != kernelNone }
 
 // Kernel returns the name of the kernel Multiply and Register use on this
@@ -74,6 +74,28 @@ func multiplyWith(kn kernel, x []float32, m, k int, packed []float32, n int, out
 		return err
 	}
 	multiply(kn, x, m, k, packed, n, out)
+	return nil
+}
+
+// MultiplyHalf is Multiply for half weights of type elem (Float16 or
+// BFloat16): it computes the bits Multiply computes over the weights
+// widened by Widen, while reading half the bytes.
+func MultiplyHalf(x []float32, m, k int, packed []uint16, elem Element, n int, out []float32) error {
+	return multiplyHalfWith(best(), x, m, k, packed, elem, n, out)
+}
+
+// multiplyHalfWith is MultiplyHalf with kernel kn, which tests choose.
+func multiplyHalfWith(kn kernel, x []float32, m, k int, packed []uint16, elem Element, n int, out []float32) error {
+	if err := check(kn); err != nil {
+		return err
+	}
+	if err := checkHalf(elem); err != nil {
+		return err
+	}
+	if err := checkShapes(x, m, k, packed, n, out); err != nil {
+		return err
+	}
+	multiplyHalf(kn, x, m, k, packed, elem, n, out)
 	return nil
 }
 

@@ -13,7 +13,7 @@ import (
 )
 
 // ErrUnsupported is returned where the CPU lacks the kernels' instructions.
-var ErrUnsupported = errors.New("stripdot: the kernel needs AVX-512F, or AVX2 and FMA")
+var ErrUnsupported = errors.New("stripdot: the kernel needs AVX-512F, or AVX2, FMA and F16C")
 
 // available lists the kernels this CPU runs, fastest first. The CPU's
 // features do not change while the process runs.
@@ -22,8 +22,10 @@ var available = func() []kernel {
 	if cpu.X86.HasAVX512F {
 		ks = append(ks, kernelAVX512)
 	}
-	// Every AVX2 CPU made so far has FMA too, but a hypervisor may hide it.
-	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+	// Every AVX2 CPU made so far has FMA and F16C too, but a hypervisor may
+	// hide them. AVX-512F has its own VCVTPH2PS; the AVX2 kernel needs F16C's
+	// for fp16 strips.
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C {
 		ks = append(ks, kernelAVX2)
 	}
 	return ks
@@ -41,6 +43,24 @@ func multiply(kn kernel, x []float32, m, k int, packed []float32, n int, out []f
 		C.stripdot_multiply_avx2(xp, C.int64_t(m), C.int64_t(k), pp, C.int64_t(n), op)
 	default:
 		panic("stripdot: multiply with " + kn.String())
+	}
+}
+
+// multiplyHalf runs kn over half weights of type elem, which checkHalf
+// accepted, on arguments checkShapes accepted.
+func multiplyHalf(kn kernel, x []float32, m, k int, packed []uint16, elem Element, n int, out []float32) {
+	xp, pp, op := (*C.float)(unsafe.Pointer(&x[0])), (*C.uint16_t)(unsafe.Pointer(&packed[0])), (*C.float)(unsafe.Pointer(&out[0]))
+	switch {
+	case kn == kernelAVX512 && elem == Float16:
+		C.stripdot_multiply_avx512_f16(xp, C.int64_t(m), C.int64_t(k), pp, C.int64_t(n), op)
+	case kn == kernelAVX512 && elem == BFloat16:
+		C.stripdot_multiply_avx512_bf16(xp, C.int64_t(m), C.int64_t(k), pp, C.int64_t(n), op)
+	case kn == kernelAVX2 && elem == Float16:
+		C.stripdot_multiply_avx2_f16(xp, C.int64_t(m), C.int64_t(k), pp, C.int64_t(n), op)
+	case kn == kernelAVX2 && elem == BFloat16:
+		C.stripdot_multiply_avx2_bf16(xp, C.int64_t(m), C.int64_t(k), pp, C.int64_t(n), op)
+	default:
+		panic("stripdot: multiply " + elem.String() + " with " + kn.String())
 	}
 }
 

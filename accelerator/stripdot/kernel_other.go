@@ -6,13 +6,17 @@ import "errors"
 
 // ErrUnsupported is returned where the build or the CPU cannot run the
 // kernels.
-var ErrUnsupported = errors.New("stripdot: the kernel needs a cgo build for x86-64 and AVX-512F, or AVX2 and FMA")
+var ErrUnsupported = errors.New("stripdot: the kernel needs a cgo build for x86-64 and AVX-512F, or AVX2, FMA and F16C")
 
 // kernels lists none: the kernels are C for x86-64, called through cgo.
 func kernels() []kernel { return nil }
 
 func multiply(kn kernel, x []float32, m, k int, packed []float32, n int, out []float32) {
 	panic("stripdot: multiply with " + kn.String() + " in a build without kernels")
+}
+
+func multiplyHalf(kn kernel, x []float32, m, k int, packed []uint16, elem Element, n int, out []float32) {
+	panic("stripdot: multiply " + elem.String() + " with " + kn.String() + " in a build without kernels")
 }
 
 func register(pluginPath, target string, kn kernel) error {

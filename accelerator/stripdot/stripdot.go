@@ -1,25 +1,37 @@
 // Package stripdot owns the matrix product the accelerator runs for small
 // batches on the CPU plugin: x[m,k]·W[k,n] with W stored as 32-column
 // strips, so that each strip is one contiguous run of memory streamed once
-// per block of rows (up to 12 with AVX-512, 6 with AVX2). At the batch sizes a serving mesh sees under
-// a latency budget (1 to a few dozen examples) the dense network is bound by
-// reading its weights, and XLA's matrix-matrix kernel reads [k,n] weights
-// through a blocked copy that costs about twice the stream.
+// per block of rows (up to 12 with AVX-512, 6 with AVX2). At the batch
+// sizes a serving mesh sees under a latency budget (1 to a few dozen
+// examples) the dense network is bound by reading its weights, and XLA's
+// matrix-matrix kernel reads [k,n] weights through a blocked copy that
+// costs about twice the stream.
+//
+// The weights may be float32 or, to halve that stream, IEEE binary16 (fp16)
+// or bfloat16 (bf16) in the same strips. A half weight's value is its exact
+// widening to float32 (Widen): the kernels widen each strip row in
+// registers as they load it and compute in float32, so a product over half
+// strips has the bits of the float32 product over the widened strips. x and
+// the result stay float32.
 //
 // The package has the packing and a plain Go reference (this file), two
-// kernels (one for AVX-512F, one for AVX2 with FMA, for the CPUs without
-// AVX-512: each process registers the fastest its CPU runs), and the XLA
-// FFI handler with its registration through the PJRT plugin's FFI
+// kernels (one for AVX-512F, one for AVX2 with FMA and F16C, for the CPUs
+// without AVX-512: each process registers the fastest its CPU runs), and
+// the XLA FFI handler with its registration through the PJRT plugin's FFI
 // extension (kernel.go, kernel_amd64.go, stripdot_amd64.c). A program calls
 // the handler as
 //
 //	stablehlo.custom_call @recmesh_strip_dot(x, packed) {api_version = 4}
-//	  : (tensor<m×k×f32>, tensor<s×k×32×f32>) -> tensor<m×s×32×f32>
+//	  : (tensor<m×k×f32>, tensor<s×k×32×T>) -> tensor<m×s×32×f32>
 //
-// which computes exactly what dot_general(x, packed) contracting k computes.
+// with T one of f32, f16 and bf16, which computes exactly what
+// dot_general(x, convert(packed)) contracting k computes.
 package stripdot
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Width is the number of columns of a strip.
 const Width = 32
@@ -34,9 +46,36 @@ func Eligible(k, n int) bool { return k > 0 && n > 0 && n%Width == 0 }
 // PackedShape is the shape of the packed form of a [k,n] weight.
 func PackedShape(k, n int) []int { return []int{n / Width, k, Width} }
 
+// Element is the element type of packed weights.
+type Element int
+
+const (
+	Float32  Element = iota
+	Float16          // IEEE binary16
+	BFloat16         // bfloat16: the high 16 bits of a float32
+)
+
+func (e Element) String() string {
+	switch e {
+	case Float32:
+		return "f32"
+	case Float16:
+		return "f16"
+	case BFloat16:
+		return "bf16"
+	}
+	return fmt.Sprintf("Element(%d)", int(e))
+}
+
 // Pack writes w (k rows of n, row-major) into dst as strips:
 // dst[s][i][j] = w[i][s*Width+j].
-func Pack(dst, w []float32, k, n int) error {
+func Pack(dst, w []float32, k, n int) error { return pack(dst, w, k, n) }
+
+// Pack16 is Pack for 16-bit weights (the bits of fp16 or bf16 values):
+// their strips have the same layout at half the bytes.
+func Pack16(dst, w []uint16, k, n int) error { return pack(dst, w, k, n) }
+
+func pack[T float32 | uint16](dst, w []T, k, n int) error {
 	if !Eligible(k, n) {
 		return fmt.Errorf("stripdot: cannot pack a [%d,%d] weight: columns must be a positive multiple of %d", k, n, Width)
 	}
@@ -53,7 +92,7 @@ func Pack(dst, w []float32, k, n int) error {
 }
 
 // checkShapes validates the arguments of a product.
-func checkShapes(x []float32, m, k int, packed []float32, n int, out []float32) error {
+func checkShapes[T float32 | uint16](x []float32, m, k int, packed []T, n int, out []float32) error {
 	switch {
 	case m <= 0 || !Eligible(k, n):
 		return fmt.Errorf("stripdot: bad product shape m=%d k=%d n=%d (n a multiple of %d)", m, k, n, Width)
@@ -87,4 +126,70 @@ func Reference(x []float32, m, k int, packed []float32, n int, out []float32) er
 		}
 	}
 	return nil
+}
+
+// checkHalf validates the element type of a product over half weights.
+func checkHalf(elem Element) error {
+	if elem != Float16 && elem != BFloat16 {
+		return fmt.Errorf("stripdot: weights of type %v are not half precision (f16 or bf16)", elem)
+	}
+	return nil
+}
+
+// ReferenceHalf is Reference for half weights of type elem (Float16 or
+// BFloat16), each widened to its exact float32 value.
+func ReferenceHalf(x []float32, m, k int, packed []uint16, elem Element, n int, out []float32) error {
+	if err := checkHalf(elem); err != nil {
+		return err
+	}
+	if err := checkShapes(x, m, k, packed, n, out); err != nil {
+		return err
+	}
+	wide := make([]float32, k*n)
+	if err := Widen(wide, packed[:k*n], elem); err != nil {
+		return err
+	}
+	return Reference(x, m, k, wide, n, out)
+}
+
+// Widen writes the float32 values of the half values src (elem Float16 or
+// BFloat16) into dst, which must be as long. Every half value is a float32
+// value, so the widening is exact; a NaN keeps its sign and payload and
+// comes out quiet for fp16, as F16C's VCVTPH2PS does, which the kernels
+// use.
+func Widen(dst []float32, src []uint16, elem Element) error {
+	if err := checkHalf(elem); err != nil {
+		return err
+	}
+	if len(dst) != len(src) {
+		return fmt.Errorf("stripdot: widen %d values into %d", len(src), len(dst))
+	}
+	if elem == BFloat16 {
+		for i, h := range src {
+			dst[i] = math.Float32frombits(uint32(h) << 16)
+		}
+		return nil
+	}
+	for i, h := range src {
+		dst[i] = halfToFloat32(h)
+	}
+	return nil
+}
+
+// halfToFloat32 returns the value of the binary16 h.
+func halfToFloat32(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	exp := uint32(h>>10) & 0x1f
+	mant := uint32(h & 0x3ff)
+	switch {
+	case exp == 0x1f && mant != 0:
+		return math.Float32frombits(sign | 0x7fc00000 | mant<<13)
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000)
+	case exp != 0:
+		return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
+	}
+	// A subnormal (or zero) is mant units of 2⁻²⁴: a float32 holds the
+	// product exactly.
+	return math.Float32frombits(math.Float32bits(float32(mant)*0x1p-24) | sign)
 }

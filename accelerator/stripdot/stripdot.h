@@ -1,6 +1,6 @@
-// The C side of package stripdot: the AVX-512 and AVX2 kernels, the XLA FFI
-// handler that calls them, and the registration of that handler with a PJRT
-// plugin.
+// The C side of package stripdot: the AVX-512 and AVX2 kernels over
+// float32, fp16 and bf16 strips, the XLA FFI handler that calls them, and
+// the registration of that handler with a PJRT plugin.
 #ifndef RECMESH_STRIPDOT_H_
 #define RECMESH_STRIPDOT_H_
 
@@ -17,11 +17,24 @@
 // of them give the same bits.
 typedef void stripdot_kernel(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out);
 
-// The kernels (declared in full, not through the typedef, for cgo):
-// stripdot_multiply_avx512 needs AVX-512F, stripdot_multiply_avx2 AVX2 and
-// FMA.
+// A kernel16 is a kernel over strips of fp16 or bf16 weights, which it
+// widens to float32 exactly as it loads them: it gives the bits the float32
+// kernel gives over the widened strips.
+typedef void stripdot_kernel16(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n, float* out);
+
+// The kernels (declared in full, not through the typedefs, for cgo):
+// stripdot_multiply_avx512* need AVX-512F, stripdot_multiply_avx2* AVX2,
+// FMA and F16C.
 void stripdot_multiply_avx512(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out);
+void stripdot_multiply_avx512_f16(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
+                                  float* out);
+void stripdot_multiply_avx512_bf16(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
+                                   float* out);
 void stripdot_multiply_avx2(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out);
+void stripdot_multiply_avx2_f16(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
+                                float* out);
+void stripdot_multiply_avx2_bf16(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
+                                 float* out);
 
 // The kernels stripdot_register can register.
 enum { STRIPDOT_AVX512 = 1, STRIPDOT_AVX2 = 2 };

@@ -13,6 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+// Element types of the weights. Each kernel body below takes one as a
+// constant argument and is inlined into one function per type, so the
+// widening is chosen at compile time and the loop is the float32 one with
+// a conversion after each load. The widening is exact (a float32 holds
+// every fp16 and bf16 value), so a kernel over half weights gives the bits
+// its float32 twin gives over the widened weights.
+enum { ELEM_F32, ELEM_F16, ELEM_BF16 };
+
+#define ELEM_SIZE(elem) ((elem) == ELEM_F32 ? 4 : 2)
+
 // ---- AVX-512 kernel -------------------------------------------------------
 
 // Rows per block: 2*MR accumulators plus two weight registers and a
@@ -28,14 +38,38 @@
 #define PREFETCH 16
 #endif
 
+// Strip rows fetched ahead of use in half strips, whose rows are one cache
+// line instead of two: twice PREFETCH keeps the same 2 KiB in flight. On a
+// shared 2-core Xeon VM, 32 rows measured best or tied at 1 and 16 rows of
+// x, 64 alike within the noise, 16 slower at 16 rows (both kernels).
+#ifndef PREFETCH_HALF
+#define PREFETCH_HALF (2 * PREFETCH)
+#endif
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,fma")
 
+// load16 returns the 16 weights at p widened to float32.
+static inline __attribute__((always_inline)) __m512 load16(const char* p, const int elem) {
+  switch (elem) {
+    case ELEM_F16:
+      return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+    case ELEM_BF16:
+      // A bf16 is the high half of the float32 with the same value.
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+    default:
+      return _mm512_loadu_ps((const float*)p);
+  }
+}
+
 // block computes rows [0, R) of one 32-column strip: it streams the strip
-// (k rows of 32 floats, contiguous) once, keeping every partial sum in
-// registers. R is a constant at each call site, so the loops over r unroll.
-static inline __attribute__((always_inline)) void block(const float* x, int64_t k, const float* strip,
-                                                        float* out, int64_t ldo, const int R) {
+// (k rows of 32 weights, contiguous) once, keeping every partial sum in
+// registers. R and elem are constants at each call site, so the loops over
+// r unroll and the widening is fixed.
+static inline __attribute__((always_inline)) void block(const float* x, int64_t k, const char* strip, float* out,
+                                                        int64_t ldo, const int R, const int elem) {
+  const int64_t row = STRIPDOT_WIDTH * ELEM_SIZE(elem);
+  const int64_t ahead = (elem == ELEM_F32 ? PREFETCH : PREFETCH_HALF) * row;
   __m512 lo[MR], hi[MR];
 #pragma GCC unroll 12
   for (int r = 0; r < R; r++) {
@@ -43,12 +77,15 @@ static inline __attribute__((always_inline)) void block(const float* x, int64_t 
     hi[r] = _mm512_setzero_ps();
   }
   for (int64_t i = 0; i < k; i++) {
-    _mm_prefetch((const char*)(strip + (i + PREFETCH) * STRIPDOT_WIDTH), _MM_HINT_T0);
-    _mm_prefetch((const char*)(strip + (i + PREFETCH) * STRIPDOT_WIDTH + 16), _MM_HINT_T0);
-    const __m512 w0 = _mm512_loadu_ps(strip + i * STRIPDOT_WIDTH);
-    const __m512 w1 = _mm512_loadu_ps(strip + i * STRIPDOT_WIDTH + 16);
-  #pragma GCC unroll 12
-  for (int r = 0; r < R; r++) {
+    const char* w = strip + i * row;
+    _mm_prefetch(w + ahead, _MM_HINT_T0);
+    if (row > 64) {
+      _mm_prefetch(w + ahead + 64, _MM_HINT_T0);
+    }
+    const __m512 w0 = load16(w, elem);
+    const __m512 w1 = load16(w + 16 * ELEM_SIZE(elem), elem);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
       const __m512 a = _mm512_set1_ps(x[r * k + i]);
       lo[r] = _mm512_fmadd_ps(a, w0, lo[r]);
       hi[r] = _mm512_fmadd_ps(a, w1, hi[r]);
@@ -61,37 +98,54 @@ static inline __attribute__((always_inline)) void block(const float* x, int64_t 
   }
 }
 
-static void rows(const float* x, int64_t k, const float* strip, float* out, int64_t ldo, int64_t r) {
+static inline __attribute__((always_inline)) void rows(const float* x, int64_t k, const char* strip, float* out,
+                                                       int64_t ldo, int64_t r, const int elem) {
   switch (r) {
-    case 1: block(x, k, strip, out, ldo, 1); break;
-    case 2: block(x, k, strip, out, ldo, 2); break;
-    case 3: block(x, k, strip, out, ldo, 3); break;
-    case 4: block(x, k, strip, out, ldo, 4); break;
-    case 5: block(x, k, strip, out, ldo, 5); break;
-    case 6: block(x, k, strip, out, ldo, 6); break;
-    case 7: block(x, k, strip, out, ldo, 7); break;
-    case 8: block(x, k, strip, out, ldo, 8); break;
-    case 9: block(x, k, strip, out, ldo, 9); break;
-    case 10: block(x, k, strip, out, ldo, 10); break;
-    case 11: block(x, k, strip, out, ldo, 11); break;
-    default: block(x, k, strip, out, ldo, 12); break;
+    case 1: block(x, k, strip, out, ldo, 1, elem); break;
+    case 2: block(x, k, strip, out, ldo, 2, elem); break;
+    case 3: block(x, k, strip, out, ldo, 3, elem); break;
+    case 4: block(x, k, strip, out, ldo, 4, elem); break;
+    case 5: block(x, k, strip, out, ldo, 5, elem); break;
+    case 6: block(x, k, strip, out, ldo, 6, elem); break;
+    case 7: block(x, k, strip, out, ldo, 7, elem); break;
+    case 8: block(x, k, strip, out, ldo, 8, elem); break;
+    case 9: block(x, k, strip, out, ldo, 9, elem); break;
+    case 10: block(x, k, strip, out, ldo, 10, elem); break;
+    case 11: block(x, k, strip, out, ldo, 11, elem); break;
+    default: block(x, k, strip, out, ldo, 12, elem); break;
   }
 }
 
-void stripdot_multiply_avx512(const float* x, int64_t m, int64_t k, const float* packed, int64_t n,
-                              float* out) {
+static inline __attribute__((always_inline)) void multiply_avx512(const float* x, int64_t m, int64_t k,
+                                                                  const void* packed, int64_t n, float* out,
+                                                                  const int elem) {
   const int64_t strips = n / STRIPDOT_WIDTH;
   // Blocks of MR rows and one of the rest: the first block streams a strip
   // from memory, the others find it in L2. (Splitting the rows evenly, 16 as
   // 8 + 8, measured slower at 16 to 32 rows: the pass that streams from
   // memory should carry the most rows.)
   for (int64_t s = 0; s < strips; s++) {
-    const float* strip = packed + s * k * STRIPDOT_WIDTH;
+    const char* strip = (const char*)packed + s * k * STRIPDOT_WIDTH * ELEM_SIZE(elem);
     for (int64_t r0 = 0; r0 < m; r0 += MR) {
       const int64_t r = m - r0 < MR ? m - r0 : MR;
-      rows(x + r0 * k, k, strip, out + r0 * n + s * STRIPDOT_WIDTH, n, r);
+      rows(x + r0 * k, k, strip, out + r0 * n + s * STRIPDOT_WIDTH, n, r, elem);
     }
   }
+}
+
+void stripdot_multiply_avx512(const float* x, int64_t m, int64_t k, const float* packed, int64_t n,
+                              float* out) {
+  multiply_avx512(x, m, k, packed, n, out, ELEM_F32);
+}
+
+void stripdot_multiply_avx512_f16(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
+                                  float* out) {
+  multiply_avx512(x, m, k, packed, n, out, ELEM_F16);
+}
+
+void stripdot_multiply_avx512_bf16(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
+                                   float* out) {
+  multiply_avx512(x, m, k, packed, n, out, ELEM_BF16);
 }
 
 #pragma GCC pop_options
@@ -126,15 +180,39 @@ void stripdot_multiply_avx512(const float* x, int64_t m, int64_t k, const float*
 #define PREFETCH_AVX2 16
 #endif
 
-#define AVX2 __attribute__((target("avx2,fma")))
+// PREFETCH_AVX2 for half strips, whose rows are one cache line: the same
+// bytes ahead, as PREFETCH_HALF is to PREFETCH.
+#ifndef PREFETCH_AVX2_HALF
+#define PREFETCH_AVX2_HALF (2 * PREFETCH_AVX2)
+#endif
+
+// F16C is for the fp16 strips' VCVTPH2PS; every kernel of the family
+// carries it, since Go offers the AVX2 kernel only on CPUs that have it.
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// load8 returns the 8 weights at p widened to float32.
+static inline __attribute__((always_inline)) AVX2 __m256 load8(const char* p, const int elem) {
+  switch (elem) {
+    case ELEM_F16:
+      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+    case ELEM_BF16:
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+    default:
+      return _mm256_loadu_ps((const float*)p);
+  }
+}
 
 // block_avx2 computes rows [0, R) of 16 columns of a strip, half pointing
-// at the strip's first row in those columns. R is a constant at each call
-// site, so the loops over r unroll. whole says whether to prefetch the
-// strip's other half too.
-static inline __attribute__((always_inline)) AVX2 void block_avx2(const float* x, int64_t k, const float* half,
+// at the strip's first row in those columns. R and elem are constants at
+// each call site, so the loops over r unroll and the widening is fixed.
+// whole says whether to prefetch the strip's other half too; a half
+// strip's row is one cache line, which the first half's prefetch brings
+// whole.
+static inline __attribute__((always_inline)) AVX2 void block_avx2(const float* x, int64_t k, const char* half,
                                                                   float* out, int64_t ldo, const int R,
-                                                                  const int whole) {
+                                                                  const int whole, const int elem) {
+  const int64_t row = STRIPDOT_WIDTH * ELEM_SIZE(elem);
+  const int64_t ahead = (elem == ELEM_F32 ? PREFETCH_AVX2 : PREFETCH_AVX2_HALF) * row;
   __m256 lo[MR2], hi[MR2];
 #pragma GCC unroll 6
   for (int r = 0; r < R; r++) {
@@ -142,12 +220,13 @@ static inline __attribute__((always_inline)) AVX2 void block_avx2(const float* x
     hi[r] = _mm256_setzero_ps();
   }
   for (int64_t i = 0; i < k; i++) {
-    _mm_prefetch((const char*)(half + (i + PREFETCH_AVX2) * STRIPDOT_WIDTH), _MM_HINT_T0);
-    if (whole) {
-      _mm_prefetch((const char*)(half + (i + PREFETCH_AVX2) * STRIPDOT_WIDTH + 16), _MM_HINT_T0);
+    const char* w = half + i * row;
+    _mm_prefetch(w + ahead, _MM_HINT_T0);
+    if (whole && row > 64) {
+      _mm_prefetch(w + ahead + 64, _MM_HINT_T0);
     }
-    const __m256 w0 = _mm256_loadu_ps(half + i * STRIPDOT_WIDTH);
-    const __m256 w1 = _mm256_loadu_ps(half + i * STRIPDOT_WIDTH + 8);
+    const __m256 w0 = load8(w, elem);
+    const __m256 w1 = load8(w + 8 * ELEM_SIZE(elem), elem);
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
       const __m256 a = _mm256_broadcast_ss(x + r * k + i);
@@ -162,28 +241,53 @@ static inline __attribute__((always_inline)) AVX2 void block_avx2(const float* x
   }
 }
 
-// rows_avx2 computes r rows of a whole strip, first half then second.
-static AVX2 void rows_avx2(const float* x, int64_t k, const float* strip, float* out, int64_t ldo, int64_t r) {
+// halves_avx2 computes R rows of a whole strip, first half then second.
+static inline __attribute__((always_inline)) AVX2 void halves_avx2(const float* x, int64_t k, const char* strip,
+                                                                   float* out, int64_t ldo, const int R,
+                                                                   const int elem) {
+  block_avx2(x, k, strip, out, ldo, R, 1, elem);
+  block_avx2(x, k, strip + 16 * ELEM_SIZE(elem), out + 16, ldo, R, 0, elem);
+}
+
+static inline __attribute__((always_inline)) AVX2 void rows_avx2(const float* x, int64_t k, const char* strip,
+                                                                 float* out, int64_t ldo, int64_t r,
+                                                                 const int elem) {
   switch (r) {
-    case 1: block_avx2(x, k, strip, out, ldo, 1, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 1, 0); break;
-    case 2: block_avx2(x, k, strip, out, ldo, 2, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 2, 0); break;
-    case 3: block_avx2(x, k, strip, out, ldo, 3, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 3, 0); break;
-    case 4: block_avx2(x, k, strip, out, ldo, 4, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 4, 0); break;
-    case 5: block_avx2(x, k, strip, out, ldo, 5, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 5, 0); break;
-    default: block_avx2(x, k, strip, out, ldo, 6, 1); block_avx2(x, k, strip + 16, out + 16, ldo, 6, 0); break;
+    case 1: halves_avx2(x, k, strip, out, ldo, 1, elem); break;
+    case 2: halves_avx2(x, k, strip, out, ldo, 2, elem); break;
+    case 3: halves_avx2(x, k, strip, out, ldo, 3, elem); break;
+    case 4: halves_avx2(x, k, strip, out, ldo, 4, elem); break;
+    case 5: halves_avx2(x, k, strip, out, ldo, 5, elem); break;
+    default: halves_avx2(x, k, strip, out, ldo, 6, elem); break;
+  }
+}
+
+static inline __attribute__((always_inline)) AVX2 void multiply_avx2(const float* x, int64_t m, int64_t k,
+                                                                     const void* packed, int64_t n, float* out,
+                                                                     const int elem) {
+  const int64_t strips = n / STRIPDOT_WIDTH;
+  // Full blocks first and the rest last, as in the AVX-512 kernel.
+  for (int64_t s = 0; s < strips; s++) {
+    const char* strip = (const char*)packed + s * k * STRIPDOT_WIDTH * ELEM_SIZE(elem);
+    for (int64_t r0 = 0; r0 < m; r0 += MR2) {
+      const int64_t r = m - r0 < MR2 ? m - r0 : MR2;
+      rows_avx2(x + r0 * k, k, strip, out + r0 * n + s * STRIPDOT_WIDTH, n, r, elem);
+    }
   }
 }
 
 AVX2 void stripdot_multiply_avx2(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out) {
-  const int64_t strips = n / STRIPDOT_WIDTH;
-  // Full blocks first and the rest last, as in the AVX-512 kernel.
-  for (int64_t s = 0; s < strips; s++) {
-    const float* strip = packed + s * k * STRIPDOT_WIDTH;
-    for (int64_t r0 = 0; r0 < m; r0 += MR2) {
-      const int64_t r = m - r0 < MR2 ? m - r0 : MR2;
-      rows_avx2(x + r0 * k, k, strip, out + r0 * n + s * STRIPDOT_WIDTH, n, r);
-    }
-  }
+  multiply_avx2(x, m, k, packed, n, out, ELEM_F32);
+}
+
+AVX2 void stripdot_multiply_avx2_f16(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
+                                     float* out) {
+  multiply_avx2(x, m, k, packed, n, out, ELEM_F16);
+}
+
+AVX2 void stripdot_multiply_avx2_bf16(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
+                                      float* out) {
+  multiply_avx2(x, m, k, packed, n, out, ELEM_BF16);
 }
 
 // ---- XLA FFI handler ------------------------------------------------------
@@ -232,7 +336,7 @@ typedef struct {
 typedef struct {
   size_t struct_size;
   ffi_ext_base* extension_start;
-  int dtype;  // 11: F32
+  int dtype;  // 10: F16, 11: F32, 16: BF16
   void* data;
   int64_t rank;
   int64_t* dims;
@@ -256,7 +360,7 @@ typedef struct {
   ffi_list rets;
 } ffi_call_frame;
 
-enum { ffiMetadata = 1, ffiExecute = 3, ffiBuffer = 1, ffiF32 = 11, ffiInvalidArgument = 3 };
+enum { ffiMetadata = 1, ffiExecute = 3, ffiBuffer = 1, ffiF16 = 10, ffiF32 = 11, ffiBF16 = 16, ffiInvalidArgument = 3 };
 
 static void* fail(const ffi_call_frame* f, const char* msg) {
   ffi_error_create_args a;
@@ -267,10 +371,17 @@ static void* fail(const ffi_call_frame* f, const char* msg) {
   return f->api->error_create(&a);
 }
 
+// family is one kernel for each element type of the weights.
+typedef struct {
+  stripdot_kernel* f32;
+  stripdot_kernel16* f16;
+  stripdot_kernel16* bf16;
+} family;
+
 // handle is the custom call: x [m, k] and packed weights [n/32, k, 32]
 // in, out [m, n/32, 32] (row-major, so the bytes of [m, n]), computed by
-// kernel.
-static void* handle(ffi_call_frame* f, stripdot_kernel* kernel) {
+// the kernel of ks for the weights' element type.
+static void* handle(ffi_call_frame* f, const family* ks) {
   const ffi_ext_base* ext = f->extension_start;
   if (ext != NULL && ext->type == ffiMetadata) {
     // Registration asks which FFI version the handler speaks: the one of
@@ -293,20 +404,31 @@ static void* handle(ffi_call_frame* f, stripdot_kernel* kernel) {
   const ffi_buffer* x = f->args.values[0];
   const ffi_buffer* w = f->args.values[1];
   const ffi_buffer* o = f->rets.values[0];
-  if (x->dtype != ffiF32 || w->dtype != ffiF32 || o->dtype != ffiF32) {
-    return fail(f, "recmesh strip dot: every buffer must be f32");
+  if (x->dtype != ffiF32 || o->dtype != ffiF32) {
+    return fail(f, "recmesh strip dot: x and the result must be f32");
+  }
+  if (w->dtype != ffiF32 && w->dtype != ffiF16 && w->dtype != ffiBF16) {
+    return fail(f, "recmesh strip dot: the weights must be f32, f16 or bf16");
   }
   if (x->rank != 2 || w->rank != 3 || o->rank != 3 || w->dims[2] != STRIPDOT_WIDTH || w->dims[1] != x->dims[1] ||
       o->dims[0] != x->dims[0] || o->dims[1] != w->dims[0] || o->dims[2] != STRIPDOT_WIDTH) {
     return fail(f, "recmesh strip dot: want x [m,k], weights [s,k,32] and result [m,s,32]");
   }
-  kernel(x->data, x->dims[0], x->dims[1], w->data, w->dims[0] * STRIPDOT_WIDTH, o->data);
+  const int64_t m = x->dims[0], k = x->dims[1], n = w->dims[0] * STRIPDOT_WIDTH;
+  switch (w->dtype) {
+    case ffiF16: ks->f16(x->data, m, k, w->data, n, o->data); break;
+    case ffiBF16: ks->bf16(x->data, m, k, w->data, n, o->data); break;
+    default: ks->f32(x->data, m, k, w->data, n, o->data); break;
+  }
   return NULL;
 }
 
+static const family avx512 = {stripdot_multiply_avx512, stripdot_multiply_avx512_f16, stripdot_multiply_avx512_bf16};
+static const family avx2 = {stripdot_multiply_avx2, stripdot_multiply_avx2_f16, stripdot_multiply_avx2_bf16};
+
 // One handler per kernel: XLA calls a handler with the call frame alone.
-static void* handler_avx512(ffi_call_frame* f) { return handle(f, stripdot_multiply_avx512); }
-static void* handler_avx2(ffi_call_frame* f) { return handle(f, stripdot_multiply_avx2); }
+static void* handler_avx512(ffi_call_frame* f) { return handle(f, &avx512); }
+static void* handler_avx2(ffi_call_frame* f) { return handle(f, &avx2); }
 
 // ---- registration with the PJRT plugin ------------------------------------
 

@@ -260,3 +260,278 @@ func BenchmarkMultiply(b *testing.B) {
 		}
 	}
 }
+
+// randomHalves returns n random weights of type elem below 1 in magnitude,
+// spread over many binades, with zeros and subnormals too if subnormal
+// (the benchmarks leave them out: FMA on subnormals is slow on some CPUs).
+func randomHalves(rng *rand.Rand, n int, elem Element, subnormal bool) []uint16 {
+	v := make([]uint16, n)
+	for i := range v {
+		sign := uint16(rng.IntN(2)) << 15
+		switch {
+		case elem == Float16 && subnormal && rng.IntN(16) == 0:
+			v[i] = sign | uint16(rng.IntN(1<<10))
+		case elem == Float16:
+			v[i] = sign | uint16(1+rng.IntN(14))<<10 | uint16(rng.IntN(1<<10))
+		case subnormal && rng.IntN(16) == 0:
+			v[i] = sign | uint16(rng.IntN(1<<7))
+		default:
+			v[i] = sign | uint16(112+rng.IntN(15))<<7 | uint16(rng.IntN(1<<7))
+		}
+	}
+	return v
+}
+
+var halves = []Element{Float16, BFloat16}
+
+func TestElementString(t *testing.T) {
+	for e, want := range map[Element]string{Float32: "f32", Float16: "f16", BFloat16: "bf16", 7: "Element(7)"} {
+		if got := e.String(); got != want {
+			t.Errorf("Element(%d).String() = %q, want %q", int(e), got, want)
+		}
+	}
+}
+
+func TestPack16LaysOutStrips(t *testing.T) {
+	k, n := 3, 64
+	w := make([]uint16, k*n)
+	for i := range w {
+		w[i] = uint16(i)
+	}
+	dst := make([]uint16, k*n)
+	if err := Pack16(dst, w, k, n); err != nil {
+		t.Fatal(err)
+	}
+	for s := 0; s < n/Width; s++ {
+		for i := 0; i < k; i++ {
+			for j := 0; j < Width; j++ {
+				if got, want := dst[(s*k+i)*Width+j], w[i*n+s*Width+j]; got != want {
+					t.Fatalf("packed[%d][%d][%d] = %v, want w[%d][%d] = %v", s, i, j, got, i, s*Width+j, want)
+				}
+			}
+		}
+	}
+	if err := Pack16(make([]uint16, 30), make([]uint16, 30), 1, 30); err == nil {
+		t.Error("Pack16 accepted 30 columns, not a multiple of 32")
+	}
+}
+
+// TestWidenIsExact checks every fp16 and bf16 value against its value
+// computed from the definition of the format in float64.
+func TestWidenIsExact(t *testing.T) {
+	src := make([]uint16, 1<<16)
+	for i := range src {
+		src[i] = uint16(i)
+	}
+	dst := make([]float32, len(src))
+	for _, elem := range halves {
+		if err := Widen(dst, src, elem); err != nil {
+			t.Fatal(err)
+		}
+		for i, h := range src {
+			sign, exp, mant, bits, bias := float64(1), 0, 0, 0, 0
+			if h&0x8000 != 0 {
+				sign = -1
+			}
+			if elem == Float16 {
+				exp, mant, bits, bias = int(h>>10&0x1f), int(h&0x3ff), 10, 15
+			} else {
+				exp, mant, bits, bias = int(h>>7&0xff), int(h&0x7f), 7, 127
+			}
+			var want float64
+			switch {
+			case exp == 1<<(15-bits)-1 && mant != 0:
+				want = math.NaN()
+			case exp == 1<<(15-bits)-1:
+				want = math.Inf(int(sign))
+			case exp == 0:
+				want = sign * math.Ldexp(float64(mant), 1-bias-bits)
+			default:
+				want = sign * math.Ldexp(float64(mant|1<<bits), exp-bias-bits)
+			}
+			got := dst[i]
+			if math.IsNaN(want) != (got != got) || !math.IsNaN(want) && (float64(got) != want || math.Signbit(float64(got)) != (sign < 0)) {
+				t.Fatalf("%v %#04x widens to %v (%#08x), want %v", elem, h, got, math.Float32bits(got), want)
+			}
+		}
+	}
+	if err := Widen(dst, src, Float32); err == nil {
+		t.Error("Widen accepted f32 values")
+	}
+	if err := Widen(dst[:3], src[:4], Float16); err == nil {
+		t.Error("Widen accepted a short destination")
+	}
+}
+
+// TestKernelsWidenAsWiden multiplies every half value by 1 with each
+// kernel: the kernels' widening (F16C's, or a shift) must give Widen's
+// values, subnormals and infinities included. (1·w+0 turns -0 into +0 and
+// quiets NaNs, which the comparison allows.)
+func TestKernelsWidenAsWiden(t *testing.T) {
+	if !Supported() {
+		t.Skip(ErrUnsupported)
+	}
+	n := 1 << 16
+	w := make([]uint16, n)
+	for i := range w {
+		w[i] = uint16(i)
+	}
+	packed, want := make([]uint16, n), make([]float32, n)
+	if err := Pack16(packed, w, 1, n); err != nil {
+		t.Fatal(err)
+	}
+	for _, elem := range halves {
+		if err := Widen(want, w, elem); err != nil {
+			t.Fatal(err)
+		}
+		for _, kn := range kernels() {
+			got := make([]float32, n)
+			if err := multiplyHalfWith(kn, []float32{1}, 1, 1, packed, elem, n, got); err != nil {
+				t.Fatal(err)
+			}
+			for i := range want {
+				if got[i] != want[i] && (got[i] == got[i] || want[i] == want[i]) {
+					t.Fatalf("%s %v: 1·%#04x = %v, want %v", kn, elem, w[i], got[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+// TestHalfKernelsMatchFloat32Kernels runs every kernel over fp16 and bf16
+// strips in TestKernelsMatchReference's shapes: each must give the bits its
+// float32 kernel gives over the widened strips, and so, on the small
+// shapes, those of the fused reference (TestKernelsMatchReference checks
+// the float32 kernels on the large ones), and stay near ReferenceHalf.
+func TestHalfKernelsMatchFloat32Kernels(t *testing.T) {
+	if !Supported() {
+		t.Skip(ErrUnsupported)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	shapes := []struct{ k, n int }{{1, 32}, {3, 64}, {7, 32}, {13, 512}, {17, 96}, {100, 96}, {600, 64},
+		{512, 256}, {3456, 512}, {512, 3456}, {1024, 1024}}
+	for _, sh := range shapes {
+		ms, small := []int{1, 7, 13, 17}, sh.k*sh.n <= 1<<17
+		if small {
+			ms = []int{24, 32}
+			for m := 1; m <= 17; m++ {
+				ms = append(ms, m)
+			}
+		}
+		for _, elem := range halves {
+			w := randomHalves(rng, sh.k*sh.n, elem, true)
+			packed, wide := make([]uint16, sh.k*sh.n), make([]float32, sh.k*sh.n)
+			if err := Pack16(packed, w, sh.k, sh.n); err != nil {
+				t.Fatal(err)
+			}
+			if err := Widen(wide, packed, elem); err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range ms {
+				x := randomMatrix(rng, m*sh.k)
+				want, fused := make([]float32, m*sh.n), make([]float32, m*sh.n)
+				if err := ReferenceHalf(x, m, sh.k, packed, elem, sh.n, want); err != nil {
+					t.Fatal(err)
+				}
+				if small {
+					fusedReference(x, m, sh.k, wide, sh.n, fused)
+				}
+				tol := 1e-5 * math.Sqrt(float64(sh.k))
+				for _, kn := range kernels() {
+					wideOut := make([]float32, m*sh.n)
+					if err := multiplyWith(kn, x, m, sh.k, wide, sh.n, wideOut); err != nil {
+						t.Fatal(err)
+					}
+					got := make([]float32, m*sh.n+1)
+					got[m*sh.n] = 42 // the kernel must not write past the product
+					if err := multiplyHalfWith(kn, x, m, sh.k, packed, elem, sh.n, got); err != nil {
+						t.Fatal(err)
+					}
+					for i := range want {
+						if math.Float32bits(got[i]) != math.Float32bits(wideOut[i]) {
+							t.Fatalf("%s %v m=%d k=%d n=%d: out[%d] = %v, float32 kernel over the widened weights %v", kn, elem, m, sh.k, sh.n, i, got[i], wideOut[i])
+						}
+						if small && got[i] != fused[i] {
+							t.Fatalf("%s %v m=%d k=%d n=%d: out[%d] = %v, fused reference %v", kn, elem, m, sh.k, sh.n, i, got[i], fused[i])
+						}
+						if d := math.Abs(float64(got[i] - want[i])); d > tol {
+							t.Fatalf("%s %v m=%d k=%d n=%d: out[%d] = %v, reference %v", kn, elem, m, sh.k, sh.n, i, got[i], want[i])
+						}
+					}
+					if got[m*sh.n] != 42 {
+						t.Fatalf("%s %v m=%d k=%d n=%d: the kernel wrote past its output", kn, elem, m, sh.k, sh.n)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestMultiplyHalfRejectsBadArguments(t *testing.T) {
+	x, w, out := make([]float32, 4), make([]uint16, 64), make([]float32, 64)
+	for _, elem := range []Element{Float32, 3} {
+		if err := ReferenceHalf(x, 2, 2, w, elem, 32, out); err == nil {
+			t.Errorf("ReferenceHalf accepted weights of type %v", elem)
+		}
+	}
+	if !Supported() {
+		if err := MultiplyHalf(x, 2, 2, w, Float16, 32, out); err != ErrUnsupported {
+			t.Errorf("MultiplyHalf without a kernel: err = %v, want ErrUnsupported", err)
+		}
+		t.Skip(ErrUnsupported)
+	}
+	for _, kn := range kernels() {
+		for _, elem := range []Element{Float32, 3} {
+			if err := multiplyHalfWith(kn, x, 2, 2, w, elem, 32, out); err == nil {
+				t.Errorf("%s accepted half weights of type %v", kn, elem)
+			}
+		}
+		if err := multiplyHalfWith(kn, x, 2, 2, w[:63], Float16, 32, out); err == nil {
+			t.Errorf("%s accepted weights too few", kn)
+		}
+		if err := multiplyHalfWith(kn, x, 2, 2, w, BFloat16, 32, out[:63]); err == nil {
+			t.Errorf("%s accepted an output too small", kn)
+		}
+	}
+	for _, kn := range []kernel{kernelNone, kernelAVX2, kernelAVX512} {
+		err := multiplyHalfWith(kn, x, 2, 2, w, Float16, 32, out)
+		if runs := slices.Contains(kernels(), kn); runs != (err == nil) {
+			t.Errorf("%s: err = %v, and this CPU runs it: %v", kn, err, runs)
+		}
+	}
+}
+
+// BenchmarkMultiplyHalf is BenchmarkMultiply over fp16 and bf16 weights,
+// which stream half the bytes.
+func BenchmarkMultiplyHalf(b *testing.B) {
+	if !Supported() {
+		b.Skip(ErrUnsupported)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	type layer struct {
+		k, n int
+		w    []uint16
+	}
+	for _, elem := range halves {
+		var layers []layer
+		for _, kn := range [][2]int{{3456, 512}, {512, 3456}, {3456, 512}, {512, 3456}, {3456, 512}, {512, 3456},
+			{3456, 1024}, {1024, 1024}, {1024, 512}} {
+			layers = append(layers, layer{kn[0], kn[1], randomHalves(rng, kn[0]*kn[1], elem, false)})
+		}
+		for _, kn := range kernels() {
+			for _, m := range []int{1, 16, 32, 64, 128} {
+				b.Run(kn.String()+"/"+elem.String()+"/m="+strconv.Itoa(m), func(b *testing.B) {
+					x, out := randomMatrix(rng, m*3456), make([]float32, m*3456)
+					for b.Loop() {
+						for _, l := range layers {
+							if err := multiplyHalfWith(kn, x[:m*l.k], m, l.k, l.w, elem, l.n, out[:m*l.n]); err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+					b.ReportMetric(float64(b.N)*float64(m)/b.Elapsed().Seconds(), "examples/s")
+				})
+			}
+		}
+	}
+}
