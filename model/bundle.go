@@ -25,10 +25,16 @@ const (
 // model.safetensors mapped read-only and shared, so every process that opens
 // the same bundle shares one copy in the page cache.
 //
-// Slices returned by Tensor, Table and Param are views into the mapping:
-// they are read-only (a write faults) and valid only until Close. The
-// methods other than Close are safe for concurrent use; Close must wait
-// until every user of the bundle and its views is done.
+// Slices returned by Tensor, Table, TableData, Param and ParamBits are
+// views into the mapping: they are read-only (a write faults) and valid
+// only until Close. The exception is the dense parameters of a bundle
+// whose dense_dtype is fp16 or bf16: Tensor and Param return them widened
+// to float32, which Open does once, into the heap (the MLPerf network is
+// 64 MB in float32), since every user but a half-precision kernel wants
+// float32 and should not widen 16 million values per call. They are
+// read-only all the same. The methods other than Close are safe for
+// concurrent use; Close must wait until every user of the bundle and its
+// views is done.
 type Bundle struct {
 	// Config is the bundle's config.json.
 	Config Config
@@ -37,7 +43,8 @@ type Bundle struct {
 
 	path    string               // model.safetensors, for ReleaseTable's fadvise
 	mapping []byte               // the whole of model.safetensors; nil once closed
-	tensors map[string][]float32 // every float32 tensor, by name
+	tensors map[string][]float32 // every float32 tensor (the dense ones widened), by name
+	halves  map[string][]uint16  // the stored dense parameters at fp16 and bf16, by name
 	tables  [][]byte             // every table's stored rows, by index
 	meta    map[string]string    // the header's __metadata__ (may be nil)
 }
@@ -45,13 +52,14 @@ type Bundle struct {
 // Open maps dir/model.safetensors read-only (mmap, MAP_SHARED, PROT_READ)
 // and validates it against dir/config.json: every tensor the config names
 // must be present with the dtype, shape and byte size its precision gives
-// (dense parameters F32; tables as config.json's table_dtype stores them,
-// see Dtype), with data inside the file; no other tensor may be present,
-// tensors may not overlap, and the dense parameters must be finite.
-// Tensors may be stored in any order, with or without gaps; a float32 one
-// whose data is not 4-byte aligned in the file is copied to the heap (the
-// only copy Open makes), so a bundle written by another safetensors writer
-// still opens.
+// (dense parameters as config.json's dense_dtype stores them, see
+// DenseDtype; tables as its table_dtype stores them, see Dtype), with data
+// inside the file; no other tensor may be present, tensors may not
+// overlap, and the dense parameters must be finite. Tensors may be stored
+// in any order, with or without gaps; one whose data is not aligned to its
+// values in the file is copied to the heap, so a bundle written by another
+// safetensors writer still opens. Half-precision dense parameters are also
+// widened into the heap (see Bundle); nothing else is copied.
 func Open(dir string) (*Bundle, error) {
 	b, err := open(dir)
 	if err != nil {
@@ -108,6 +116,7 @@ func readConfig(path string) (Config, error) {
 		return Config{}, fmt.Errorf("%s: %w", ConfigFile, err)
 	}
 	cfg.TableDtype = cfg.TableDtype.norm()
+	cfg.DenseDtype = cfg.DenseDtype.norm()
 	return cfg, nil
 }
 
@@ -127,17 +136,28 @@ func (b *Bundle) load() error {
 		return err
 	}
 	b.tensors = make(map[string][]float32, len(places))
+	if b.Config.DenseDtype != DenseFP32 {
+		b.halves = make(map[string][]uint16, len(places))
+	}
 	for _, p := range places {
 		raw := b.mapping[h.dataStart+p.begin : h.dataStart+p.end : h.dataStart+p.end]
-		if p.table != "" {
+		switch {
+		case p.table != "":
 			b.tables = append(b.tables, raw)
-		}
-		if p.dtype == dtypeF32 {
+			if p.dtype == dtypeF32 {
+				b.tensors[p.spec.Name] = floatView(raw)
+			}
+		case p.dense == DenseFP32:
 			b.tensors[p.spec.Name] = floatView(raw)
+		default:
+			hv := halfView(raw)
+			b.halves[p.spec.Name] = hv
+			b.tensors[p.spec.Name] = widenAll(p.dense, hv)
 		}
 	}
 	// Tables are too big to scan on every open; the dense parameters are a
-	// few tens of MB and a NaN there would poison every score.
+	// few tens of MB and a NaN there would poison every score. A stored
+	// half is NaN or infinite exactly when its widening is.
 	for _, s := range b.Config.DenseParams() {
 		if i, v, ok := firstNonFinite(b.tensors[s.Name]); ok {
 			return fmt.Errorf("%w: tensor %q: element %d is %v", ErrCorrupt, s.Name, i, v)
@@ -193,17 +213,19 @@ func checkTensors(cfg Config, h *fileHeader, fileSize int64) ([]placed, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: tensor %q is missing", ErrMismatch, name)
 		}
-		// A table's dtype and shape follow from config.json's table_dtype:
+		// A table's dtype and shape follow from config.json's table_dtype,
+		// a dense parameter's dtype (not its shape) from its dense_dtype:
 		// say so, since that is the likelier mistake than the tensor.
-		of := ""
+		of, shapeOf := fmt.Sprintf(" (%s says dense_dtype %s)", ConfigFile, s.dense), ""
 		if s.table != "" {
 			of = fmt.Sprintf(" (%s says table_dtype %s)", ConfigFile, s.table)
+			shapeOf = of
 		}
 		if info.Dtype != s.dtype {
 			return nil, fmt.Errorf("%w: tensor %q has dtype %s, want %s%s", ErrMismatch, name, info.Dtype, s.dtype, of)
 		}
 		if !sameShape(info.Shape, s.shape) {
-			return nil, fmt.Errorf("%w: tensor %q has shape %v, want %v%s", ErrMismatch, name, info.Shape, s.shape, of)
+			return nil, fmt.Errorf("%w: tensor %q has shape %v, want %v%s", ErrMismatch, name, info.Shape, s.shape, shapeOf)
 		}
 		if len(info.DataOffsets) != 2 {
 			return nil, fmt.Errorf("%w: tensor %q: data_offsets %v is not [begin, end]", ErrCorrupt, name, info.DataOffsets)
@@ -269,6 +291,33 @@ func floatView(raw []byte) []float32 {
 	return out
 }
 
+// halfView returns raw (little-endian 16-bit halves) as a []uint16: a view
+// into the mapping when raw is 2-byte aligned, else (a file from a writer
+// that does not align, or a big-endian machine) a decoded heap copy.
+func halfView(raw []byte) []uint16 {
+	n := len(raw) / 2
+	if n == 0 {
+		return []uint16{}
+	}
+	if littleEndian() && uintptr(unsafe.Pointer(&raw[0]))%2 == 0 {
+		return unsafe.Slice((*uint16)(unsafe.Pointer(&raw[0])), n)
+	}
+	out := make([]uint16, n)
+	for i := range out {
+		out[i] = uint16(raw[2*i]) | uint16(raw[2*i+1])<<8
+	}
+	return out
+}
+
+// widenAll returns the float32 values of the halves h stored at d.
+func widenAll(d DenseDtype, h []uint16) []float32 {
+	out := make([]float32, len(h))
+	for i, v := range h {
+		out[i] = d.widen(v)
+	}
+	return out
+}
+
 func firstNonFinite(v []float32) (int, float32, bool) {
 	for i, x := range v {
 		// x-x is NaN exactly when x is NaN or ±Inf.
@@ -286,17 +335,18 @@ func (b *Bundle) Close() error {
 		return nil
 	}
 	m := b.mapping
-	b.mapping, b.tensors, b.tables = nil, nil, nil
+	b.mapping, b.tensors, b.halves, b.tables = nil, nil, nil, nil
 	if err := unix.Munmap(m); err != nil {
 		return fmt.Errorf("model: close bundle %s: %w", b.Dir, err)
 	}
 	return nil
 }
 
-// Tensor returns the named float32 tensor as a zero-copy view into the
-// mapping. The tables of a bundle that is not fp32 are not float32: for
-// them it returns an error wrapping ErrNotFloat32 (read them with
-// TableData).
+// Tensor returns the named float32 tensor: a zero-copy view into the
+// mapping, or for the dense parameters of a half-precision bundle their
+// values widened to float32 (see Bundle). The tables of a bundle that is
+// not fp32 are not float32: for them it returns an error wrapping
+// ErrNotFloat32 (read them with TableData).
 func (b *Bundle) Tensor(name string) ([]float32, error) {
 	if b.mapping == nil {
 		return nil, fmt.Errorf("model: tensor %q: %w", name, ErrClosed)
@@ -341,11 +391,33 @@ func (b *Bundle) tableData(i int) ([]byte, error) {
 	return b.tables[i], nil
 }
 
-// Param returns the named dense parameter (see Config.DenseParams). It
-// panics if the name is unknown or the bundle is closed (programmer
-// errors); use Tensor for names that come from input.
+// Param returns the named dense parameter (see Config.DenseParams) in
+// float32, its values at any dense precision (see DenseDtype). It panics
+// if the name is unknown or the bundle is closed (programmer errors); use
+// Tensor for names that come from input.
 func (b *Bundle) Param(name string) []float32 {
 	return b.mustTensor(name)
+}
+
+// ParamBits returns the named dense parameter as a bundle whose dense_dtype
+// is fp16 or bf16 stores it: one binary16 or bfloat16 bit pattern per
+// value (see DenseDtype; Config.DenseDtype says which), in the shape
+// Config.DenseParams gives, for a kernel that computes in half precision
+// to upload as is. It is a read-only view into the mapping (a heap copy if
+// the file does not align it) and nil for an fp32 bundle, whose Param is
+// already what is stored. It panics if the name is not a dense parameter
+// or the bundle is closed (programmer errors).
+func (b *Bundle) ParamBits(name string) []uint16 {
+	if b.mapping == nil {
+		panic(fmt.Errorf("model: param %q: %w", name, ErrClosed))
+	}
+	if h, ok := b.halves[name]; ok {
+		return h[:len(h):len(h)]
+	}
+	if b.Config.DenseDtype == DenseFP32 && slices.ContainsFunc(b.Config.DenseParams(), func(s ParamSpec) bool { return s.Name == name }) {
+		return nil
+	}
+	panic(fmt.Errorf("model: param %q: %w in bundle %s (dense parameters are named by Config.DenseParams)", name, ErrNoTensor, b.Dir))
 }
 
 func (b *Bundle) mustTensor(name string) []float32 {

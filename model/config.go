@@ -60,8 +60,8 @@ const (
 	MaxMLPLayers = 64
 	// MaxCrossLayers bounds cross_layers.
 	MaxCrossLayers = 64
-	// MaxDenseParams bounds the number of float32 values of all dense
-	// parameters together (4 GiB); the MLPerf network has about 16 million.
+	// MaxDenseParams bounds the number of values of all dense parameters
+	// together (4 GiB in float32); the MLPerf network has about 16 million.
 	MaxDenseParams = 1 << 30
 )
 
@@ -109,6 +109,11 @@ type Config struct {
 	// Dtype for the row layouts). A config.json without it was written
 	// before bundles had precisions and holds fp32 tables.
 	TableDtype Dtype `json:"table_dtype"`
+	// DenseDtype is the precision every dense parameter is stored in:
+	// fp32, or fp16 or bf16, whose values are those halves widened
+	// exactly to float32 (see DenseDtype). A config.json without it was
+	// written before the dense network had a precision and holds fp32.
+	DenseDtype DenseDtype `json:"dense_dtype"`
 }
 
 // DLRMv2 returns the MLPerf DLRMv2 configuration (the "mlperf" preset) with
@@ -136,6 +141,7 @@ func DLRMv2(maxVocab int) Config {
 		CrossRank:    CrossRank,
 		MaxVocabSize: maxVocab,
 		TableDtype:   DtypeFP32,
+		DenseDtype:   DenseFP32,
 	}
 }
 
@@ -175,7 +181,8 @@ func (e *FieldError) Unwrap() error { return ErrInvalidConfig }
 //   - cross_rank: 1..MaxLayerWidth when cross_layers > 0; with no cross
 //     layers it is unused and may be 0..MaxLayerWidth;
 //   - all dense parameters together at most MaxDenseParams values;
-//   - table_dtype: one of Dtypes (empty reads as fp32).
+//   - table_dtype: one of Dtypes (empty reads as fp32);
+//   - dense_dtype: one of DenseDtypes (empty reads as fp32).
 //
 // Every refusal is a *FieldError, wraps ErrInvalidConfig and names the
 // config.json field.
@@ -224,6 +231,9 @@ func (c Config) Validate() error {
 	if !c.TableDtype.known() {
 		return bad("table_dtype", "table_dtype is %q, want one of %s", string(c.TableDtype), dtypeList())
 	}
+	if !c.DenseDtype.known() {
+		return bad("dense_dtype", "dense_dtype is %q, want one of %s", string(c.DenseDtype), denseDtypeList())
+	}
 	return nil
 }
 
@@ -244,9 +254,9 @@ func checkMLP(field string, widths []int, last int, lastWhat string) error {
 	return nil
 }
 
-// DenseParamCount is the number of float32 values of every dense parameter
-// (the MLPs and the cross layers), computed without overflow for any
-// config whose widths Validate's per-field bounds accept.
+// DenseParamCount is the number of values of every dense parameter (the
+// MLPs and the cross layers), computed without overflow for any config
+// whose widths Validate's per-field bounds accept.
 func (c Config) DenseParamCount() int64 {
 	var n int64
 	in := int64(c.NumDense)
@@ -305,14 +315,19 @@ func (c Config) TableBytes() int64 {
 	return c.TotalRows() * int64(c.TableDtype.RowBytes(c.EmbeddingDim))
 }
 
+// DenseBytes is the size of all dense parameters stored at DenseDtype.
+func (c Config) DenseBytes() int64 {
+	return c.DenseParamCount() * int64(c.DenseDtype.ValueBytes())
+}
+
 // ParamSpec names one tensor of the bundle and its shape.
 type ParamSpec struct {
 	Name  string
 	Shape []int
 }
 
-// Elements is the number of values in the tensor (float32 values, or
-// embedding elements of a table at any precision).
+// Elements is the number of values in the tensor (dense values at any
+// dense precision, or embedding elements of a table at any precision).
 func (p ParamSpec) Elements() int64 {
 	n := int64(1)
 	for _, d := range p.Shape {

@@ -70,6 +70,9 @@ func TestValidateRefusals(t *testing.T) {
 		{"negative unused cross rank", func(c *Config) { c.CrossLayers, c.CrossRank = 0, -1 }, "cross_rank is -1, want 0..65536 (unused: cross_layers is 0)"},
 		{"too many dense parameters", func(c *Config) { c.CrossLayers, c.CrossRank = MaxCrossLayers, MaxLayerWidth },
 			"bottom_mlp, cross_layers, cross_rank and top_mlp give 28996667777 dense parameters"},
+		{"unknown table dtype", func(c *Config) { c.TableDtype = "int2" }, `table_dtype is "int2", want one of fp32, fp16, int8, int4`},
+		{"unknown dense dtype", func(c *Config) { c.DenseDtype = "fp8" }, `dense_dtype is "fp8", want one of fp32, fp16, bf16`},
+		{"table dtype as dense dtype", func(c *Config) { c.DenseDtype = DenseDtype(DtypeInt8) }, `dense_dtype is "int8"`},
 	} {
 		cfg := DLRMv2(DevVocabCap)
 		tc.edit(&cfg)
@@ -102,6 +105,12 @@ func TestDenseParamCount(t *testing.T) {
 		}
 		if got := cfg.DenseParamCount(); got != want {
 			t.Errorf("%s: DenseParamCount() = %d, DenseParams hold %d", name, got, want)
+		}
+		for _, d := range []DenseDtype{"", DenseFP32, DenseFP16, DenseBF16} {
+			cfg.DenseDtype = d
+			if got, per := cfg.DenseBytes(), int64(d.ValueBytes()); got != want*per {
+				t.Errorf("%s at dense dtype %q: DenseBytes() = %d, want %d values of %d bytes", name, d, got, want, per)
+			}
 		}
 	}
 }
@@ -272,5 +281,38 @@ func TestPresetExportIsDeterministic(t *testing.T) {
 	}
 	if !bytes.Equal(files[0][0], files[1][0]) || !bytes.Equal(files[0][1], files[1][1]) {
 		t.Error("two exports of the hostbound preset with one seed differ")
+	}
+}
+
+// TestIDNamesThePrecisions: the bundles of one seed at other precisions
+// are other models, so their ids differ, while a float32 bundle keeps the
+// id it had before bundles had precisions.
+func TestIDNamesThePrecisions(t *testing.T) {
+	cfg := DLRMv2(1000)
+	cfg.Seed = 1
+	base := cfg.ID()
+	if base != "dlrm-dcnv2-cap1000-seed1" {
+		t.Errorf("float32 id %q changed", base)
+	}
+	seen := map[string]bool{}
+	for _, td := range Dtypes() {
+		for _, dd := range DenseDtypes() {
+			c := cfg
+			c.TableDtype, c.DenseDtype = td, dd
+			id := c.ID()
+			if seen[id] {
+				t.Errorf("table %s dense %s: id %q already names another precision", td, dd, id)
+			}
+			seen[id] = true
+			// shm.ModelIDBytes: the segment header's field.
+			if len(id) > 64 {
+				t.Errorf("id %q is longer than a segment header holds", id)
+			}
+		}
+	}
+	full := cfg
+	full.Name, full.TableDtype, full.DenseDtype = "dlrm-dcnv2-hostbound", DtypeInt4, DenseBF16
+	if len(full.ID()) > 64 {
+		t.Errorf("id %q is longer than a segment header holds", full.ID())
 	}
 }

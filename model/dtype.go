@@ -8,9 +8,9 @@ import (
 )
 
 // Dtype is the precision the embedding tables of a bundle are stored in
-// (config.json's "table_dtype"). The dense network is float32 at every
-// precision, and every precision of one seed is quantized from the same
-// float32 rows, so the bundles of one seed are one model.
+// (config.json's "table_dtype"). The dense network has its own precision
+// (DenseDtype), and every precision of one seed is rounded from the same
+// float32 rows and weights, so the bundles of one seed are one model.
 //
 // This comment is the one statement of how a row is stored and what its
 // values are; docs/design.md, the exporter, the reference forward pass and

@@ -14,9 +14,9 @@ var (
 	ErrCorrupt = errors.New("corrupt bundle")
 	// ErrMismatch means model.safetensors is well formed but does not hold
 	// what config.json describes: a tensor is missing or unexpected, or has
-	// the wrong dtype, shape or size for its precision (a table stored
-	// otherwise than config.json's table_dtype says), or the file was
-	// exported with another seed.
+	// the wrong dtype, shape or size for its precision (a table or dense
+	// parameter stored otherwise than config.json's table_dtype or
+	// dense_dtype says), or the file was exported with another seed.
 	ErrMismatch = errors.New("bundle does not match its config")
 	// ErrNoTensor is returned by Bundle.Tensor for a name the bundle lacks.
 	ErrNoTensor = errors.New("no such tensor")

@@ -25,8 +25,10 @@ const exportChunkElems = 1 << 20
 // Export writes a bundle of cfg with weights drawn from seed into dir.
 // The same cfg and seed always give byte-identical files. The tables are
 // stored at cfg.TableDtype: their rows are drawn in float32, the same at
-// every precision, and then quantized row by row (Dtype.QuantizeRow), so
-// the bundles of one seed at every precision are one model. The bundle is
+// every precision, and then quantized row by row (Dtype.QuantizeRow). The
+// dense parameters are stored at cfg.DenseDtype: drawn in float32 the same
+// way, then rounded to the nearest half (see DenseDtype). So the bundles
+// of one seed at every precision are one model. The bundle is
 // written into a temporary directory beside dir and then swapped into place,
 // so a reader never sees a half-written bundle; an existing dir may hold
 // only a previous bundle (config.json, model.safetensors), which is
@@ -48,6 +50,7 @@ func export(ctx context.Context, dir string, cfg Config, seed uint64, progress f
 		return err
 	}
 	cfg.TableDtype = cfg.TableDtype.norm()
+	cfg.DenseDtype = cfg.DenseDtype.norm()
 	dir = filepath.Clean(dir)
 	if err := checkReplaceable(dir); err != nil {
 		return err
@@ -224,6 +227,16 @@ func writeWeights(ctx context.Context, path string, cfg Config, seed uint64, pro
 // precision and returns the bytes and their offset within the tensor. A
 // table chunk is whole rows (exportChunkElems is a multiple of dim).
 func encodeChunk(buf []byte, vals []float32, p placed, first uint64, dim int) ([]byte, int64, error) {
+	if p.table == "" && p.dense != DenseFP32 {
+		for k, v := range vals {
+			h := p.dense.narrow(v)
+			if w := p.dense.widen(h); w-w != 0 {
+				return nil, 0, fmt.Errorf("tensor %q element %d is %v, which %s stores as %v", p.spec.Name, first+uint64(k), v, p.dense, w)
+			}
+			binary.LittleEndian.PutUint16(buf[2*k:], h)
+		}
+		return buf[:2*len(vals)], 2 * int64(first), nil
+	}
 	if p.table == "" || p.table == DtypeFP32 {
 		for k, v := range vals {
 			binary.LittleEndian.PutUint32(buf[4*k:], math.Float32bits(v))

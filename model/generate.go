@@ -48,8 +48,11 @@ func GenerateRow(cfg Config, seed uint64, table, row int, dst []float32) error {
 	return nil
 }
 
-// GenerateTensor returns the named tensor (a dense parameter, or a table in
-// float32) as Export draws it from seed for cfg.
+// GenerateTensor returns the named tensor (a dense parameter, or a table)
+// as Export draws it from seed for cfg, in float32 before any rounding: a
+// bundle at another precision stores a table quantized by Dtype.QuantizeRow
+// and a dense parameter rounded by DenseDtype.Round. Like GenerateRow, it
+// gives one set of values for every precision of a seed.
 func GenerateTensor(cfg Config, seed uint64, name string) ([]float32, error) {
 	i, spec, ok := streamIndex(cfg, name)
 	if !ok {
@@ -63,9 +66,10 @@ func GenerateTensor(cfg Config, seed uint64, name string) ([]float32, error) {
 }
 
 // NewGeneratedReference returns the Reference of the bundle Export would
-// write for cfg and seed, at cfg.TableDtype, without one: its scores and
-// pooled vectors are bit for bit those of NewReference over that bundle.
-// The dense network is generated into memory. Tables are generated into
+// write for cfg and seed, at cfg.TableDtype and cfg.DenseDtype, without
+// one: its scores and pooled vectors are bit for bit those of NewReference
+// over that bundle. The dense network is generated into memory, rounded
+// to cfg.DenseDtype as Export rounds it. Tables are generated into
 // memory, the smallest first, while they fit in tableMemory bytes; the
 // rest are regenerated on every read (128 hash evaluations and a
 // quantization per row read rather than one memory read, several times
@@ -79,6 +83,7 @@ func NewGeneratedReference(cfg Config, seed uint64, tableMemory int64) (*Referen
 	}
 	cfg.Seed = seed
 	cfg.TableDtype = cfg.TableDtype.norm()
+	cfg.DenseDtype = cfg.DenseDtype.norm()
 	g := &rowGenerator{dtype: cfg.TableDtype, dim: cfg.EmbeddingDim}
 	order := make([]int, len(cfg.VocabSizes))
 	for t := range cfg.VocabSizes {
@@ -97,7 +102,15 @@ func NewGeneratedReference(cfg Config, seed uint64, tableMemory int64) (*Referen
 		left -= bytes
 		r.tables[t] = g.table(t, cfg.VocabSizes[t])
 	}
-	if err := r.loadDense(func(name string) ([]float32, error) { return GenerateTensor(cfg, seed, name) }); err != nil {
+	dense := func(name string) ([]float32, error) {
+		t, err := GenerateTensor(cfg, seed, name)
+		if err != nil {
+			return nil, err
+		}
+		cfg.DenseDtype.roundAll(t)
+		return t, nil
+	}
+	if err := r.loadDense(dense); err != nil {
 		return nil, fmt.Errorf("model: generated reference: %w", err)
 	}
 	return r, nil

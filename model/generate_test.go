@@ -10,21 +10,35 @@ import (
 
 // TestGeneratedReferenceMatchesBundle checks that a Reference drawn without
 // a bundle gives the bits of NewReference over the exported bundle at
-// every precision, whether its tables are all in memory, all regenerated
-// on every read, or some of each.
+// every table and dense precision, whether its tables are all in memory,
+// all regenerated on every read, or some of each.
 func TestGeneratedReferenceMatchesBundle(t *testing.T) {
 	const seed, n = 4, 48
+	type combo struct {
+		d  Dtype
+		dd DenseDtype
+	}
+	var hostbound []combo
+	for _, d := range Dtypes() {
+		for _, dd := range DenseDtypes() {
+			hostbound = append(hostbound, combo{d, dd})
+		}
+	}
 	for _, preset := range []string{PresetHostbound, PresetMLPerf} {
-		for _, d := range Dtypes() {
-			if preset == PresetMLPerf && d != DtypeFP32 && d != DtypeInt4 {
-				continue // the dense network is what this preset adds
-			}
-			t.Run(preset+"/"+string(d), func(t *testing.T) {
+		combos := hostbound
+		if preset == PresetMLPerf {
+			// The dense network is what this preset adds: every dense
+			// precision, and the table precisions only as a sample.
+			combos = []combo{{DtypeFP32, DenseFP32}, {DtypeInt4, DenseFP32}, {DtypeFP32, DenseFP16}, {DtypeInt8, DenseBF16}}
+		}
+		for _, c := range combos {
+			d, dd := c.d, c.dd
+			t.Run(preset+"/"+string(d)+"/"+string(dd), func(t *testing.T) {
 				cfg, err := Preset(preset, DevVocabCap)
 				if err != nil {
 					t.Fatal(err)
 				}
-				cfg.TableDtype = d
+				cfg.TableDtype, cfg.DenseDtype = d, dd
 				dir := filepath.Join(t.TempDir(), "bundle")
 				if err := Export(context.Background(), dir, cfg, seed, nil); err != nil {
 					t.Fatal(err)

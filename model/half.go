@@ -2,9 +2,11 @@ package model
 
 import "math"
 
-// IEEE binary16 ("half") conversions for fp16 tables and the int4 rows'
-// scale and bias. Written out rather than taken from a library so that
-// the rounding is exactly the one Dtype documents, on every platform.
+// IEEE binary16 ("half") conversions for fp16 tables, the int4 rows'
+// scale and bias and fp16 dense weights, and bfloat16 conversions for bf16
+// dense weights. Written out rather than taken from a library so that the
+// rounding is exactly the one Dtype and DenseDtype document, on every
+// platform.
 
 // Float32ToHalf returns the binary16 nearest to f, ties to even, as F16C's
 // VCVTPS2PH with rounding mode 0 does: values beyond ±65504 (after
@@ -102,3 +104,22 @@ func halfStep(h uint16, dir int) uint16 {
 	}
 	return h - 1
 }
+
+// Float32ToBF16 returns the bfloat16 nearest to f, ties to even: f's top 16
+// bits after rounding away the low 16. Values beyond bfloat16's largest
+// finite value (after rounding) become ±Inf, and a NaN stays a (quiet)
+// NaN, which plain rounding could carry into Inf.
+func Float32ToBF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 {
+		return uint16(b>>16) | 0x40
+	}
+	// Adding just under half an ulp, plus the kept lsb, rounds ties to
+	// even; a carry moves into the exponent, which is the right answer up
+	// to and including rounding into Inf.
+	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
+}
+
+// BF16ToFloat32 returns the value of the bfloat16 h as a float32, which
+// holds every bfloat16 exactly.
+func BF16ToFloat32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }

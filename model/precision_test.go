@@ -3,25 +3,34 @@ package model
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // exportAt writes a small bundle (hostbound, cap 200: about 2.6 MB of
 // fp32 tables) with its tables at d.
 func exportAt(t testing.TB, d Dtype, seed uint64) string {
 	t.Helper()
+	return exportAtDense(t, d, DenseFP32, seed)
+}
+
+// exportAtDense is exportAt with the dense parameters at dd.
+func exportAtDense(t testing.TB, d Dtype, dd DenseDtype, seed uint64) string {
+	t.Helper()
 	cfg, err := Preset(PresetHostbound, 200)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.TableDtype = d
-	dir := filepath.Join(t.TempDir(), "bundle-"+string(d))
+	cfg.TableDtype, cfg.DenseDtype = d, dd
+	dir := filepath.Join(t.TempDir(), "bundle-"+string(d)+"-"+string(dd))
 	if err := Export(context.Background(), dir, cfg, seed, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -198,16 +207,245 @@ func TestOpenRefusesInconsistentPrecision(t *testing.T) {
 }
 
 // TestOpenConfigWithoutDtype: a config.json written before precisions
-// existed has no table_dtype and holds fp32 tables.
+// existed has no table_dtype and no dense_dtype and holds fp32 tables and
+// dense parameters.
 func TestOpenConfigWithoutDtype(t *testing.T) {
 	r := readRaw(t, exportAt(t, DtypeFP32, 1))
-	cfg := bytes.Replace(r.config, []byte(`,
-  "table_dtype": "fp32"`), nil, 1)
-	if bytes.Equal(cfg, r.config) {
-		t.Fatalf("config.json has no table_dtype to remove:\n%s", r.config)
+	cfg := r.config
+	for _, field := range []string{"table_dtype", "dense_dtype"} {
+		was := cfg
+		cfg = bytes.Replace(cfg, []byte(`,
+  "`+field+`": "fp32"`), nil, 1)
+		if bytes.Equal(cfg, was) {
+			t.Fatalf("config.json has no %s to remove:\n%s", field, r.config)
+		}
 	}
 	b := openT(t, writeBundle(t, cfg, r.weights(t, 0)))
-	if b.Config.TableDtype != DtypeFP32 {
-		t.Errorf("TableDtype = %q, want fp32", b.Config.TableDtype)
+	if b.Config.TableDtype != DtypeFP32 || b.Config.DenseDtype != DenseFP32 {
+		t.Errorf("TableDtype = %q, DenseDtype = %q, want fp32 and fp32", b.Config.TableDtype, b.Config.DenseDtype)
+	}
+	if b.ParamBits("top_mlp.0.bias") != nil {
+		t.Error("ParamBits of an fp32 bundle is not nil")
+	}
+}
+
+// TestExportDensePrecisions checks that a bundle with half-precision dense
+// parameters records the precision, stores every parameter as the float32
+// weight of the fp32 bundle rounded to the nearest half in the shape it
+// had, serves those halves (ParamBits) and their exact widenings (Param,
+// Tensor), keeps the tables of the same table precision byte for byte,
+// and scores close to, but not exactly as, the fp32 network.
+func TestExportDensePrecisions(t *testing.T) {
+	const seed, n = 3, 64
+	fp32 := openT(t, exportAt(t, DtypeFP32, seed))
+	if got := fp32.ParamBits("top_mlp.0.kernel"); got != nil {
+		t.Errorf("ParamBits of an fp32 bundle = %d values, want nil", len(got))
+	}
+	fp32Ref, err := NewReference(fp32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dense, sparse := RandomInputs(fp32.Config, 5, n)
+	for _, dd := range DenseDtypes()[1:] {
+		for _, d := range []Dtype{DtypeFP32, DtypeInt4} {
+			t.Run(string(dd)+"/"+string(d), func(t *testing.T) {
+				dir := exportAtDense(t, d, dd, seed)
+				raw, err := os.ReadFile(filepath.Join(dir, ConfigFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Contains(raw, []byte(`"dense_dtype": "`+string(dd)+`"`)) {
+					t.Errorf("config.json does not record dense_dtype %s:\n%s", dd, raw)
+				}
+				b := openT(t, dir)
+				if b.Config.DenseDtype != dd || b.Config.TableDtype != d {
+					t.Errorf("Config dense_dtype %q table_dtype %q, want %s and %s", b.Config.DenseDtype, b.Config.TableDtype, dd, d)
+				}
+				h, err := parseHeader(b.mapping)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var denseBytes int64
+				for _, s := range b.Config.DenseParams() {
+					info := h.tensors[s.Name]
+					if want := dd.tensorDtype(); info.Dtype != want || !sameShape(info.Shape, s.Shape) {
+						t.Errorf("%s is stored %s %v, want %s %v", s.Name, info.Dtype, info.Shape, want, s.Shape)
+					}
+					denseBytes += info.DataOffsets[1] - info.DataOffsets[0]
+					want, bits, got := fp32.Param(s.Name), b.ParamBits(s.Name), b.Param(s.Name)
+					if len(bits) != len(want) || len(got) != len(want) {
+						t.Fatalf("%s: %d halves and %d values, want %d", s.Name, len(bits), len(got), len(want))
+					}
+					viaTensor, err := b.Tensor(s.Name)
+					if err != nil || &viaTensor[0] != &got[0] {
+						t.Errorf("Tensor(%s) = %v, not Param's values", s.Name, err)
+					}
+					for k, w := range want {
+						if bits[k] != dd.narrow(w) {
+							t.Fatalf("%s[%d] is stored %#04x, the nearest %s to %v is %#04x", s.Name, k, bits[k], dd, w, dd.narrow(w))
+						}
+						if math.Float32bits(got[k]) != math.Float32bits(dd.widen(bits[k])) || got[k] != dd.Round(w) {
+							t.Fatalf("%s[%d] reads %v, stored %#04x widens to %v", s.Name, k, got[k], bits[k], dd.widen(bits[k]))
+						}
+					}
+				}
+				if want := b.Config.DenseBytes(); denseBytes != want || want != 2*b.Config.DenseParamCount() {
+					t.Errorf("dense parameters take %d bytes, DenseBytes says %d, want 2 per value", denseBytes, want)
+				}
+				same := openT(t, exportAt(t, d, seed))
+				for i := range NumTables {
+					if !bytes.Equal(b.TableData(i), same.TableData(i)) {
+						t.Fatalf("table %d differs from the fp32-dense bundle's", i)
+					}
+				}
+
+				ref, err := NewReference(b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := fp32Ref
+				if d != DtypeFP32 {
+					if want, err = NewReference(same); err != nil {
+						t.Fatal(err)
+					}
+				}
+				got, err := ref.Predict(dense, sparse, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantScores, err := want.Predict(dense, sparse, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var maxDiff float64
+				for i := range got {
+					maxDiff = max(maxDiff, math.Abs(float64(got[i])-float64(wantScores[i])))
+				}
+				t.Logf("scores within %.3g of the fp32 network's", maxDiff)
+				// bf16 keeps 8 significant bits: a weight moves by up to
+				// 2^-9 of itself, and the score about as much.
+				if maxDiff == 0 || maxDiff > 5e-3 {
+					t.Errorf("scores differ from the fp32 network's by at most %.3g, want above 0 and at most 5e-3", maxDiff)
+				}
+			})
+		}
+	}
+	func() {
+		defer func() {
+			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), `"embedding.0.weight"`) {
+				t.Errorf("ParamBits(a table) panicked with %v, want an error naming it", r)
+			}
+		}()
+		fp32.ParamBits(TableName(0))
+	}()
+}
+
+// TestOpenRefusesInconsistentDensePrecision: a dense_dtype config.json
+// does not know, dense parameters stored otherwise than it says, or a
+// stored half that is not finite are refused with the field or the tensor
+// named.
+func TestOpenRefusesInconsistentDensePrecision(t *testing.T) {
+	fp32, fp16, bf16 := exportAt(t, DtypeFP32, 1), exportAtDense(t, DtypeFP32, DenseFP16, 1), exportAtDense(t, DtypeInt8, DenseBF16, 1)
+	setDense := func(config []byte, from, to string) []byte {
+		return bytes.Replace(config, []byte(`"dense_dtype": "`+from+`"`), []byte(`"dense_dtype": "`+to+`"`), 1)
+	}
+	for _, tc := range []struct {
+		name string
+		src  string
+		edit func(r rawBundle) (config, weights []byte)
+		want error
+		msg  []string
+	}{
+		{
+			name: "unknown dense dtype", src: fp32,
+			edit: func(r rawBundle) ([]byte, []byte) { return setDense(r.config, "fp32", "fp8"), r.weights(t, 0) },
+			want: ErrInvalidConfig, msg: []string{ConfigFile, `dense_dtype is "fp8"`, "fp32, fp16, bf16"},
+		},
+		{
+			name: "config says fp16, weights are fp32", src: fp32,
+			edit: func(r rawBundle) ([]byte, []byte) { return setDense(r.config, "fp32", "fp16"), r.weights(t, 0) },
+			want: ErrMismatch, msg: []string{`tensor "bottom_mlp.0.kernel" has dtype F32, want F16 (config.json says dense_dtype fp16)`},
+		},
+		{
+			name: "config says bf16, weights are fp16", src: fp16,
+			edit: func(r rawBundle) ([]byte, []byte) { return setDense(r.config, "fp16", "bf16"), r.weights(t, 0) },
+			want: ErrMismatch, msg: []string{`"bottom_mlp.0.kernel" has dtype F16, want BF16 (config.json says dense_dtype bf16)`},
+		},
+		{
+			name: "config says fp32, weights are bf16", src: bf16,
+			edit: func(r rawBundle) ([]byte, []byte) { return setDense(r.config, "bf16", "fp32"), r.weights(t, 0) },
+			want: ErrMismatch, msg: []string{`"bottom_mlp.0.kernel" has dtype BF16, want F32 (config.json says dense_dtype fp32)`},
+		},
+		{
+			name: "config without dense_dtype, weights are bf16", src: bf16,
+			edit: func(r rawBundle) ([]byte, []byte) {
+				return bytes.Replace(r.config, []byte(`,
+  "dense_dtype": "bf16"`), nil, 1), r.weights(t, 0)
+			},
+			want: ErrMismatch, msg: []string{`"bottom_mlp.0.kernel" has dtype BF16, want F32`},
+		},
+		{
+			name: "fp16 weights in a float32 shape", src: fp16,
+			edit: func(r rawBundle) ([]byte, []byte) {
+				b, e := r.offsets("top_mlp.0.kernel")
+				r.tensor("top_mlp.0.kernel")["data_offsets"] = []int{b, b + 2*(e-b)}
+				return r.config, r.weights(t, 0)
+			},
+			want: ErrCorrupt, msg: []string{`"top_mlp.0.kernel"`, "hold 13824 bytes", "of F16 needs 6912", "dense_dtype fp16"},
+		},
+		{
+			name: "NaN in an fp16 dense param", src: fp16,
+			edit: func(r rawBundle) ([]byte, []byte) {
+				b, _ := r.offsets("bottom_mlp.0.bias")
+				binary.LittleEndian.PutUint16(r.data[b+2*7:], 0x7e00)
+				return r.config, r.weights(t, 0)
+			},
+			want: ErrCorrupt, msg: []string{`"bottom_mlp.0.bias": element 7 is NaN`},
+		},
+		{
+			name: "Inf in a bf16 dense param", src: bf16,
+			edit: func(r rawBundle) ([]byte, []byte) {
+				b, _ := r.offsets("top_mlp.0.kernel")
+				binary.LittleEndian.PutUint16(r.data[b+2*3:], 0xff80)
+				return r.config, r.weights(t, 0)
+			},
+			want: ErrCorrupt, msg: []string{`"top_mlp.0.kernel": element 3 is -Inf`},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, w := tc.edit(readRaw(t, tc.src))
+			_, err := Open(writeBundle(t, cfg, w))
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Open = %v, want %v", err, tc.want)
+			}
+			for _, m := range tc.msg {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("Open error %q lacks %q", err, m)
+				}
+			}
+		})
+	}
+}
+
+// TestOpenMisalignedHalves: dense halves that a foreign writer left off a
+// 2-byte boundary are copied out of the mapping, with the same values.
+func TestOpenMisalignedHalves(t *testing.T) {
+	src := exportAtDense(t, DtypeFP16, DenseBF16, 2)
+	aligned := openT(t, src)
+	r := readRaw(t, src)
+	b := openT(t, writeBundle(t, r.config, r.weights(t, 1)))
+	inMapping := func(b *Bundle, h []uint16) bool {
+		lo, p := uintptr(unsafe.Pointer(&b.mapping[0])), uintptr(unsafe.Pointer(&h[0]))
+		return p >= lo && p < lo+uintptr(len(b.mapping))
+	}
+	for _, s := range b.Config.DenseParams() {
+		got, want := b.ParamBits(s.Name), aligned.ParamBits(s.Name)
+		if !slices.Equal(got, want) || !slices.Equal(b.Param(s.Name), aligned.Param(s.Name)) {
+			t.Fatalf("%s differs from the aligned bundle's", s.Name)
+		}
+		if inMapping(b, got) || !inMapping(aligned, want) {
+			t.Errorf("%s: misaligned halves in the mapping: %v, aligned ones: %v; want false and true",
+				s.Name, inMapping(b, got), inMapping(aligned, want))
+		}
 	}
 }

@@ -18,10 +18,12 @@ const refBlock = 8
 // pooled vectors exactly as the embedder computes them (float32 sums of
 // the dequantized rows, see Pool); the dense network runs in float64
 // arithmetic throughout, rounded to float32 only where an output is
-// stored. Each output is summed in a fixed order, so a score does not
-// depend on the batch it was computed in or on the number of goroutines.
-// One from NewReference reads the weights in place from its Bundle, which
-// must stay open while the Reference is used; one from
+// stored. The weights are float32 values at every dense precision (a half
+// is the float32 it widens to, see DenseDtype). Each output is summed in a
+// fixed order, so a score does not depend on the batch it was computed in
+// or on the number of goroutines. One from NewReference reads the weights
+// from its Bundle (Bundle.Tensor), which must stay open while the
+// Reference is used; one from
 // NewGeneratedReference draws them as the exporter would, with the same
 // results. It is safe for concurrent use.
 type Reference struct {

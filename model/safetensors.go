@@ -22,12 +22,13 @@ import (
 // parameters in execution order), with no gaps: gaps would make the file
 // unreadable by the reference safetensors implementation, which requires
 // data_offsets to tile the data section exactly. In an fp32 or fp16 bundle
-// every tensor but the last (the 4-byte final bias) is a multiple of
+// every tensor but the last (the final bias, one value) is a multiple of
 // dataAlign bytes long, so every tensor starts dataAlign-aligned. An int8
 // or int4 table is vocab×136 or vocab×68 bytes (see Dtype), so the tensors
 // after it start only 8- or 4-byte aligned: enough for the float32 views
 // of the dense parameters, and the embedder copies the tables into its own
-// cache-line-aligned memory anyway.
+// cache-line-aligned memory anyway. Half-precision dense parameters (see
+// DenseDtype) need only 2-byte alignment, which every layout gives them.
 const (
 	// headerLenBytes is the size of the little-endian header length prefix.
 	headerLenBytes = 8
@@ -37,12 +38,14 @@ const (
 	// maxHeaderBytes bounds the JSON header (the reference implementation
 	// uses the same limit), so a corrupt length cannot make us parse GBs.
 	maxHeaderBytes = 100_000_000
-	// dtypeF32 is the dtype of the dense parameters and of fp32 tables;
-	// dtypeF16 that of fp16 tables; dtypeU8 that of int8 and int4 tables,
+	// dtypeF32 is the dtype of fp32 dense parameters and fp32 tables;
+	// dtypeF16 that of fp16 dense parameters and fp16 tables; dtypeBF16
+	// that of bf16 dense parameters; dtypeU8 that of int8 and int4 tables,
 	// whose rows are fused bytes (values, scale, bias: see Dtype).
-	dtypeF32 = "F32"
-	dtypeF16 = "F16"
-	dtypeU8  = "U8"
+	dtypeF32  = "F32"
+	dtypeF16  = "F16"
+	dtypeBF16 = "BF16"
+	dtypeU8   = "U8"
 	// metadataKey is the reserved header key for free-form string metadata.
 	metadataKey = "__metadata__"
 	// FormatName is the "format" metadata value of bundles Export writes.
@@ -61,8 +64,9 @@ type tensorInfo struct {
 type placed struct {
 	spec ParamSpec // the logical tensor: its name and shape in values
 	// table is the precision of an embedding table ("" for a dense
-	// parameter, which is always float32).
+	// parameter), dense that of a dense parameter ("" for a table).
 	table      Dtype
+	dense      DenseDtype
 	dtype      string // safetensors dtype
 	shape      []int  // safetensors shape
 	size       int64  // bytes
@@ -76,8 +80,8 @@ func bundleSpecs(cfg Config) []ParamSpec {
 }
 
 // storedSpecs lists every tensor of a bundle in file order as it is
-// stored: the tables at cfg.TableDtype, the dense parameters in float32.
-// begin and end are left 0.
+// stored: the tables at cfg.TableDtype, the dense parameters at
+// cfg.DenseDtype. begin and end are left 0.
 func storedSpecs(cfg Config) []placed {
 	specs := bundleSpecs(cfg)
 	out := make([]placed, len(specs))
@@ -89,7 +93,8 @@ func storedSpecs(cfg Config) []placed {
 				size: int64(vocab) * int64(d.RowBytes(cfg.EmbeddingDim))}
 			continue
 		}
-		out[i] = placed{spec: s, dtype: dtypeF32, shape: s.Shape, size: s.Elements() * 4}
+		d := cfg.DenseDtype.norm()
+		out[i] = placed{spec: s, dense: d, dtype: d.tensorDtype(), shape: s.Shape, size: s.Elements() * int64(d.ValueBytes())}
 	}
 	return out
 }

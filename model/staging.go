@@ -50,9 +50,19 @@ func (c Config) Request(n int) RequestLayout {
 }
 
 // ID names a model in segment headers, so an accelerator built for one
-// bundle never attaches to an embedder serving another.
+// bundle never attaches to an embedder serving another. The precisions
+// are part of it where they are not float32's: the bundles of one seed at
+// other precisions are other models (their scores differ), and an
+// accelerator with fp16 weights must not serve an embedder's fp32 model.
 func (c Config) ID() string {
-	return fmt.Sprintf("%s-cap%d-seed%d", c.Name, c.MaxVocabSize, c.Seed)
+	id := fmt.Sprintf("%s-cap%d-seed%d", c.Name, c.MaxVocabSize, c.Seed)
+	if d := c.TableDtype.norm(); d != DtypeFP32 {
+		id += "-" + string(d)
+	}
+	if d := c.DenseDtype.norm(); d != DenseFP32 {
+		id += "-dense-" + string(d)
+	}
+	return id
 }
 
 // PowerOfTwoCeil is the smallest power of two ≥ n (1 for n ≤ 1): the batch

@@ -23,6 +23,8 @@ const (
 	defaultExportPreset   = model.PresetMLPerf
 	// defaultExportDtype is the published benchmark's table precision.
 	defaultExportDtype = model.DtypeFP32
+	// defaultExportDenseDtype is the published benchmark's dense precision.
+	defaultExportDenseDtype = model.DenseFP32
 )
 
 func init() {
@@ -54,6 +56,9 @@ func runExport(ctx context.Context, e *env, args []string) error {
 	tableDtype := fs.String("table-dtype", string(defaultExportDtype),
 		"`precision` of the embedding tables: fp32, fp16 (IEEE half), int8 or int4 (row-wise scale and bias,\n"+
 			"as FBGEMM quantizes; row layouts in docs/design.md); every precision of one seed is the same model")
+	denseDtype := fs.String("dense-dtype", string(defaultExportDenseDtype),
+		"`precision` of the dense weights and biases: fp32, fp16 (IEEE half) or bf16 (bfloat16), each weight\n"+
+			"the float32 one rounded to nearest even; any table precision combines with any dense one")
 	var bottom, top widthsFlag
 	var layers, rank optionalInt
 	fs.Var(&bottom, "bottom-mlp", "bottom MLP output `widths`, comma-separated, the last 128 (default: the preset's)")
@@ -74,12 +79,16 @@ func runExport(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usagef("-table-dtype: %v", err)
 	}
+	dense, err := model.ParseDenseDtype(*denseDtype)
+	if err != nil {
+		return usagef("-dense-dtype: %v", err)
+	}
 
 	cfg, err := model.Preset(*preset, *maxVocab)
 	if err != nil {
 		return usagef("-preset %q: want %s", *preset, strings.Join(model.PresetNames(), " or "))
 	}
-	cfg.TableDtype = dtype
+	cfg.TableDtype, cfg.DenseDtype = dtype, dense
 	base := cfg
 	if bottom.set {
 		cfg.BottomMLP = bottom.widths
@@ -145,8 +154,8 @@ func runExport(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stderr, "export: wrote %s (model=%s, table_dtype=%s, rows=%d, bytes=%d, %.1fs)\n",
-		*out, cfg.Name, cfg.TableDtype, cfg.TotalRows(), written, time.Since(start).Seconds())
+	fmt.Fprintf(e.stderr, "export: wrote %s (model=%s, table_dtype=%s, dense_dtype=%s, rows=%d, bytes=%d, %.1fs)\n",
+		*out, cfg.Name, cfg.TableDtype, cfg.DenseDtype, cfg.TotalRows(), written, time.Since(start).Seconds())
 	return nil
 }
 

@@ -68,6 +68,10 @@ func TestExportBadInput(t *testing.T) {
 		{nil, []string{"--table-dtype", "int2"}, `-table-dtype: table dtype "int2" is not one of fp32, fp16, int8, int4`},
 		{nil, []string{"--table-dtype", ""}, `-table-dtype: table dtype ""`},
 		{map[string]string{"RECMESH_TABLE_DTYPE": "bf16"}, nil, `table dtype "bf16"`},
+		{nil, []string{"--dense-dtype", "x"}, `-dense-dtype: dense dtype "x" is not one of fp32, fp16, bf16`},
+		{nil, []string{"--dense-dtype", ""}, `-dense-dtype: dense dtype ""`},
+		{nil, []string{"--dense-dtype", "int8"}, `-dense-dtype: dense dtype "int8" is not one of fp32, fp16, bf16`},
+		{map[string]string{"RECMESH_DENSE_DTYPE": "fp8"}, nil, `dense dtype "fp8"`},
 		{nil, []string{"--bottom-mlp", "512,x,128"}, `invalid value "512,x,128" for flag -bottom-mlp: width 1 is "x"`},
 		{nil, []string{"--bottom-mlp", ""}, `flag -bottom-mlp: width 0 is ""`},
 		{nil, []string{"--bottom-mlp", "512,0,128"}, `flag -bottom-mlp: width 1 is "0"`},
@@ -103,7 +107,7 @@ func TestExport(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	summary := regexp.MustCompile(`^export: wrote \S+/bundle \(model=dlrm-dcnv2, table_dtype=fp32, rows=\d+, bytes=\d+, \d+\.\ds\)\n$`)
+	summary := regexp.MustCompile(`^export: wrote \S+/bundle \(model=dlrm-dcnv2, table_dtype=fp32, dense_dtype=fp32, rows=\d+, bytes=\d+, \d+\.\ds\)\n$`)
 	if stdout != "" || !summary.MatchString(stderr) {
 		t.Errorf("stdout %q, stderr %q; want one summary line on stderr", stdout, stderr)
 	}

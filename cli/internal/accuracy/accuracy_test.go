@@ -115,16 +115,16 @@ func TestCalibrate(t *testing.T) {
 	}
 }
 
-// TestRun is the short form on the small tables: every precision meets
-// its target, float32's AUC is 0.80 ± 0.01, and the lines do not depend
-// on the number of goroutines.
+// TestRun is the short form on the small tables: every combination of
+// table and dense precision meets its target, float32's AUC is 0.80 ±
+// 0.01, and the lines do not depend on the number of goroutines.
 func TestRun(t *testing.T) {
 	n := 20000
 	if testing.Short() {
 		n = 4000
 	}
 	o := Options{Preset: model.PresetHostbound, MaxVocab: model.DevVocabCap, Seed: 1, InputSeed: 1,
-		Examples: n, LabelSeed: 1, Dtypes: model.Dtypes(), TableMemory: 1 << 30}
+		Examples: n, LabelSeed: 1, Dtypes: model.Dtypes(), DenseDtypes: model.DenseDtypes(), TableMemory: 1 << 30}
 	var emitted []string
 	res, err := Run(context.Background(), o, func(l Line) { emitted = append(emitted, l.String()) })
 	if err != nil {
@@ -133,8 +133,16 @@ func TestRun(t *testing.T) {
 	for _, s := range emitted {
 		t.Log(s)
 	}
-	if len(res.Lines) != 4 || res.Lines[0].Dtype != model.DtypeFP32 || res.Lines[0].Ratio() != 1 {
-		t.Fatalf("lines %v; want fp32 first at ratio 1, then three more", emitted)
+	if len(res.Lines) != 12 || res.Lines[0].Dtype != model.DtypeFP32 || res.Lines[0].DenseDtype != model.DenseFP32 || res.Lines[0].Ratio() != 1 {
+		t.Fatalf("lines %v; want fp32 with dense fp32 first at ratio 1, then eleven more", emitted)
+	}
+	for i, l := range res.Lines {
+		if d, dd := model.Dtypes()[i/3], model.DenseDtypes()[i%3]; l.Dtype != d || l.DenseDtype != dd {
+			t.Errorf("line %d is %s with dense %s, want %s with dense %s", i, l.Dtype, l.DenseDtype, d, dd)
+		}
+		if l.DenseDtype != model.DenseFP32 && l.MaxAbsDiff == 0 {
+			t.Errorf("%s with dense %s scores exactly as dense fp32: the weights were not rounded", l.Dtype, l.DenseDtype)
+		}
 	}
 	if a := res.Calibration.AUC; math.Abs(a-CalibrationAUC) > CalibrationTolerance {
 		t.Errorf("fp32 AUC %v outside 0.80 ± 0.01", a)
@@ -143,7 +151,7 @@ func TestRun(t *testing.T) {
 		t.Errorf("below target: %v", f)
 	}
 	for _, s := range emitted {
-		if !strings.HasPrefix(s, "accuracy: dtype=") || strings.Count(s, "=") != 7 {
+		if !strings.HasPrefix(s, "accuracy: dtype=") || !strings.Contains(s, " dense_dtype=") || strings.Count(s, "=") != 8 {
 			t.Errorf("line %q is not the accuracy line", s)
 		}
 	}
@@ -151,7 +159,7 @@ func TestRun(t *testing.T) {
 	// One goroutine, and the generated tables regenerated per read.
 	prev := runtime.GOMAXPROCS(1)
 	defer runtime.GOMAXPROCS(prev)
-	o.Dtypes, o.Examples, o.TableMemory = []model.Dtype{model.DtypeInt4}, 2000, 0
+	o.Dtypes, o.DenseDtypes, o.Examples, o.TableMemory = []model.Dtype{model.DtypeInt4}, []model.DenseDtype{model.DenseBF16}, 2000, 0
 	one, err := Run(context.Background(), o, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -171,13 +179,59 @@ func TestRun(t *testing.T) {
 
 func TestFailuresNameThePrecision(t *testing.T) {
 	r := Result{Lines: []Line{
-		{Dtype: model.DtypeFP32, AUC: 0.8, FP32AUC: 0.8},
-		{Dtype: model.DtypeFP16, AUC: 0.7995, FP32AUC: 0.8}, // 0.99938: passes 99.9 %
-		{Dtype: model.DtypeInt8, AUC: 0.799, FP32AUC: 0.8},  // 0.99875: fails 99.9 %
-		{Dtype: model.DtypeInt4, AUC: 0.795, FP32AUC: 0.8},  // 0.99375: passes 99 %
+		{Dtype: model.DtypeFP32, DenseDtype: model.DenseFP32, AUC: 0.8, FP32AUC: 0.8},
+		{Dtype: model.DtypeFP16, DenseDtype: model.DenseFP32, AUC: 0.7995, FP32AUC: 0.8}, // 0.99938: passes 99.9 %
+		{Dtype: model.DtypeInt8, DenseDtype: model.DenseFP32, AUC: 0.799, FP32AUC: 0.8},  // 0.99875: fails 99.9 %
+		{Dtype: model.DtypeInt4, DenseDtype: model.DenseFP32, AUC: 0.795, FP32AUC: 0.8},  // 0.99375: passes 99 %
+		{Dtype: model.DtypeFP32, DenseDtype: model.DenseBF16, AUC: 0.7985, FP32AUC: 0.8}, // 0.998125: fails 99.9 %
+		{Dtype: model.DtypeFP32, DenseDtype: model.DenseFP16, AUC: 0.7996, FP32AUC: 0.8}, // 0.9995: passes 99.9 %
+		{Dtype: model.DtypeInt4, DenseDtype: model.DenseBF16, AUC: 0.795, FP32AUC: 0.8},  // 0.99375: passes int4's 99 %
 	}}
 	f := r.Failures()
-	if len(f) != 1 || !strings.HasPrefix(f[0], "int8 ") {
-		t.Errorf("Failures() = %v, want int8 alone", f)
+	if len(f) != 2 || !strings.HasPrefix(f[0], "dtype=int8 dense_dtype=fp32 auc_ratio=0.998750 below 0.999") ||
+		!strings.HasPrefix(f[1], "dtype=fp32 dense_dtype=bf16 ") {
+		t.Errorf("Failures() = %v, want int8 with dense fp32 and fp32 with dense bf16", f)
+	}
+}
+
+func TestTarget(t *testing.T) {
+	for _, tc := range []struct {
+		d    model.Dtype
+		dd   model.DenseDtype
+		want float64
+	}{
+		{model.DtypeFP32, model.DenseFP32, 1},
+		{model.DtypeFP32, model.DenseFP16, TargetHigh},
+		{model.DtypeFP32, model.DenseBF16, TargetHigh},
+		{model.DtypeFP16, model.DenseFP32, TargetHigh},
+		{model.DtypeInt8, model.DenseBF16, TargetHigh},
+		{model.DtypeInt4, model.DenseFP32, TargetLow},
+		{model.DtypeInt4, model.DenseFP16, TargetLow},
+		{model.DtypeInt4, model.DenseBF16, TargetLow},
+		{"", "", 1}, // the empty precisions are fp32
+	} {
+		if got := Target(tc.d, tc.dd); got != tc.want {
+			t.Errorf("Target(%q, %q) = %v, want %v", tc.d, tc.dd, got, tc.want)
+		}
+	}
+}
+
+func TestLineString(t *testing.T) {
+	l := Line{Dtype: model.DtypeInt8, DenseDtype: model.DenseBF16, Examples: 10, AUC: 0.75, FP32AUC: 0.8, MaxAbsDiff: 1e-3, MeanAbsDiff: 2e-4}
+	want := "accuracy: dtype=int8 dense_dtype=bf16 examples=10 auc=0.750000 fp32_auc=0.800000 auc_ratio=0.937500 max_abs_diff=1.000e-03 mean_abs_diff=2.000e-04"
+	if got := l.String(); got != want {
+		t.Errorf("String() = %q\nwant        %q", got, want)
+	}
+}
+
+func TestParseDenseDtypes(t *testing.T) {
+	got, err := ParseDenseDtypes("fp32, bf16,fp16")
+	if err != nil || len(got) != 3 || got[0] != model.DenseFP32 || got[1] != model.DenseBF16 || got[2] != model.DenseFP16 {
+		t.Errorf(`ParseDenseDtypes("fp32, bf16,fp16") = %v, %v`, got, err)
+	}
+	for _, s := range []string{"", "fp16,", "int8", "fp16,fp8"} {
+		if _, err := ParseDenseDtypes(s); err == nil || !strings.Contains(err.Error(), "is not one of fp32, fp16, bf16") {
+			t.Errorf("ParseDenseDtypes(%q) = %v, want an error listing the precisions", s, err)
+		}
 	}
 }

@@ -1,10 +1,11 @@
-// Package accuracy is MLPerf's accuracy rule for the table precisions, on
-// synthetic labels: the seeded model has no data set, so labels are drawn
-// once from the float32 model's own scores, through a calibration that
-// gives float32 the AUC Criteo's data gives DLRMv2 (0.80), and every
-// precision is scored against those same labels. A precision then loses
-// AUC exactly where quantization reorders examples float32 ranks apart,
-// which is what MLPerf's 99 % and 99.9 % targets bound.
+// Package accuracy is MLPerf's accuracy rule for the table and dense
+// precisions, on synthetic labels: the seeded model has no data set, so
+// labels are drawn once from the float32 model's own scores (fp32 tables,
+// fp32 dense weights), through a calibration that gives float32 the AUC
+// Criteo's data gives DLRMv2 (0.80), and every combination of precisions
+// is scored against those same labels. A combination then loses AUC
+// exactly where rounding reorders examples float32 ranks apart, which is
+// what MLPerf's 99 % and 99.9 % targets bound.
 package accuracy
 
 import (
