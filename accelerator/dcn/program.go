@@ -56,6 +56,26 @@ type Options struct {
 	// kernel that streams each weight once. It needs PackedWeights and a
 	// plugin with the handler registered (stripdot.Register).
 	StripDot bool
+	// PackedElement is the element type of the packed twins: Float32, or
+	// the half type a bundle stores its dense weights in (model.DenseDtype),
+	// so that the strip kernel streams the stored halves, half the bytes a
+	// small-batch call reads, and widens them in registers. Every other
+	// argument is float32 either way: the bundle's halves widened once, at
+	// load, which are exactly the values the halves stand for.
+	PackedElement stripdot.Element
+}
+
+// ElementOf is the element type a bundle stored at dense precision d packs
+// its strips in (Options.PackedElement): its own halves, so that the
+// kernel streams half the bytes.
+func ElementOf(d model.DenseDtype) stripdot.Element {
+	switch d {
+	case model.DenseFP16:
+		return stripdot.Float16
+	case model.DenseBF16:
+		return stripdot.BFloat16
+	}
+	return stripdot.Float32
 }
 
 // splits reports whether the program splits the first product of cfg.
@@ -74,19 +94,23 @@ func PlainOptions() Options {
 
 // Param is one weight argument of the program: rows [RowFrom, RowTo) of
 // the bundle's dense tensor Tensor, row-major, shaped Shape; or, when
-// Packed, those rows packed as stripdot strips (Shape is the packed shape).
+// Packed, those rows packed as stripdot strips (Shape is the packed shape)
+// of element type Element.
 type Param struct {
 	Name           string
 	Tensor         string
 	RowFrom, RowTo int
 	Shape          []int
 	Packed         bool
+	// Element is Float32 except for the packed twins of a program built
+	// with a half Options.PackedElement.
+	Element stripdot.Element
 }
 
 // Strips is the name suffix of a weight's packed twin.
 const Strips = ".strips"
 
-// Elements is the number of float32 values of the argument.
+// Elements is the number of values of the argument.
 func (p Param) Elements() int {
 	n := 1
 	for _, d := range p.Shape {
@@ -95,9 +119,33 @@ func (p Param) Elements() int {
 	return n
 }
 
+// Bytes is the size of the argument's values.
+func (p Param) Bytes() int {
+	if p.Element == stripdot.Float32 {
+		return 4 * p.Elements()
+	}
+	return 2 * p.Elements()
+}
+
+// DType is the argument's element type in the program.
+func (p Param) DType() dtypes.DType { return dtypeOf(p.Element) }
+
+func dtypeOf(e stripdot.Element) dtypes.DType {
+	switch e {
+	case stripdot.Float16:
+		return dtypes.Float16
+	case stripdot.BFloat16:
+		return dtypes.BFloat16
+	}
+	return f32
+}
+
 // Slice returns the argument's values out of the whole tensor t, row-major
 // in the bundle's shape.
-func (p Param) Slice(t []float32) ([]float32, error) {
+func (p Param) Slice(t []float32) ([]float32, error) { return sliceRows(p, t) }
+
+// sliceRows is Slice for tensors of any element type.
+func sliceRows[T any](p Param, t []T) ([]T, error) {
 	rows := p.RowTo - p.RowFrom
 	if rows <= 0 || p.RowFrom < 0 || p.Elements()%rows != 0 {
 		return nil, fmt.Errorf("dcn: parameter %s: bad row range [%d,%d) for shape %v", p.Name, p.RowFrom, p.RowTo, p.Shape)
@@ -111,23 +159,57 @@ func (p Param) Slice(t []float32) ([]float32, error) {
 	return t[from:to], nil
 }
 
-// Values returns the argument's values out of the whole tensor t: the
-// rows of Slice, packed into a new slice when the parameter is Packed.
+// plain returns a packed parameter's unpacked rows, as a [rows, cols]
+// parameter.
+func (p Param) plain() (Param, error) {
+	if len(p.Shape) != 3 {
+		return Param{}, fmt.Errorf("dcn: parameter %s: packed shape %v, want [strips, rows, %d]", p.Name, p.Shape, stripdot.Width)
+	}
+	rows, cols := p.Shape[1], p.Shape[0]*p.Shape[2]
+	return Param{Name: p.Name, Tensor: p.Tensor, RowFrom: p.RowFrom, RowTo: p.RowTo, Shape: []int{rows, cols}}, nil
+}
+
+// Values returns a float32 argument's values out of the whole tensor t:
+// the rows of Slice, packed into a new slice when the parameter is Packed.
 func (p Param) Values(t []float32) ([]float32, error) {
+	if p.Element != stripdot.Float32 {
+		return nil, fmt.Errorf("dcn: parameter %s is %s: its values come from the stored halves (HalfValues)", p.Name, p.Element)
+	}
 	if !p.Packed {
 		return p.Slice(t)
 	}
-	if len(p.Shape) != 3 {
-		return nil, fmt.Errorf("dcn: parameter %s: packed shape %v, want [strips, rows, %d]", p.Name, p.Shape, stripdot.Width)
+	plain, err := p.plain()
+	if err != nil {
+		return nil, err
 	}
-	rows, cols := p.Shape[1], p.Shape[0]*p.Shape[2]
-	plain := Param{Name: p.Name, Tensor: p.Tensor, RowFrom: p.RowFrom, RowTo: p.RowTo, Shape: []int{rows, cols}}
 	src, err := plain.Slice(t)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]float32, len(src))
-	if err := stripdot.Pack(out, src, rows, cols); err != nil {
+	if err := stripdot.Pack(out, src, plain.Shape[0], plain.Shape[1]); err != nil {
+		return nil, fmt.Errorf("dcn: parameter %s: %w", p.Name, err)
+	}
+	return out, nil
+}
+
+// HalfValues returns a half packed twin's values (Element Float16 or
+// BFloat16) out of the whole tensor's stored halves, bits (what
+// model.Bundle.ParamBits returns), packed into a new slice.
+func (p Param) HalfValues(bits []uint16) ([]uint16, error) {
+	if !p.Packed || p.Element == stripdot.Float32 {
+		return nil, fmt.Errorf("dcn: parameter %s is not a half packed twin", p.Name)
+	}
+	plain, err := p.plain()
+	if err != nil {
+		return nil, err
+	}
+	src, err := sliceRows(plain, bits)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint16, len(src))
+	if err := stripdot.Pack16(out, src, plain.Shape[0], plain.Shape[1]); err != nil {
 		return nil, fmt.Errorf("dcn: parameter %s: %w", p.Name, err)
 	}
 	return out, nil
@@ -176,13 +258,35 @@ func Params(cfg model.Config, opts Options) []Param {
 		for _, p := range out {
 			if len(p.Shape) == 2 && stripdot.Eligible(p.Shape[0], p.Shape[1]) {
 				twin := p
-				twin.Name, twin.Packed = p.Name+Strips, true
+				twin.Name, twin.Packed, twin.Element = p.Name+Strips, true, opts.PackedElement
 				twin.Shape = stripdot.PackedShape(p.Shape[0], p.Shape[1])
 				out = append(out, twin)
 			}
 		}
 	}
 	return out
+}
+
+// WeightBytes is the size of the weights one call of the program built
+// with opts reads, each weight counted once: with StripDot the packed
+// twins in place of the matrices they stand for. At the batch sizes the
+// strip kernel serves, a call's time is mostly the time to stream these
+// bytes, so calls/s times WeightBytes is the stream's bandwidth.
+func WeightBytes(cfg model.Config, opts Options) int64 {
+	list := Params(cfg, opts)
+	twinned := make(map[string]bool)
+	for _, p := range list {
+		if p.Packed {
+			twinned[strings.TrimSuffix(p.Name, Strips)] = true
+		}
+	}
+	var n int64
+	for _, p := range list {
+		if p.Packed == opts.StripDot || (!p.Packed && !twinned[p.Name]) {
+			n += int64(p.Bytes())
+		}
+	}
+	return n
 }
 
 // Build returns the StableHLO text of the DCNv2 forward pass for a batch of
@@ -229,7 +333,7 @@ func (b *builder) build(cfg model.Config, bucket int) ([]byte, error) {
 	params := make(map[string]*stablehlo.Value)
 	list := Params(cfg, b.opts)
 	for _, p := range list {
-		params[p.Name] = b.keep(b.fn.NamedInput(stablehlo.NormalizeIdentifier(p.Name), shapes.Make(f32, p.Shape...)))
+		params[p.Name] = b.keep(b.fn.NamedInput(stablehlo.NormalizeIdentifier(p.Name), shapes.Make(p.DType(), p.Shape...)))
 	}
 	if b.err != nil {
 		return nil, b.err
@@ -323,15 +427,33 @@ func (b *builder) dot(x, w *stablehlo.Value) *stablehlo.Value {
 // k, which computes the same [m, strips, 32] values: the builder emits that
 // dot_general for its shape inference and then turns the statement into
 // the custom call (the stablehlo package has no custom-call builder).
+// Half strips are a type dot_general refuses beside float32 x, so a
+// convert of them to float32 stands in for them during the shape
+// inference and is then taken out again: the custom call reads the halves.
 func (b *builder) stripDot(x, packed *stablehlo.Value, n int) *stablehlo.Value {
-	y := b.keep(stablehlo.DotGeneral(x, []int{1}, nil, packed, []int{1}, nil).Done())
+	operand := packed
+	half := packed.Shape().DType != f32
+	if half {
+		operand = b.keep(stablehlo.Convert(packed, f32))
+	}
+	y := b.keep(stablehlo.DotGeneral(x, []int{1}, nil, operand, []int{1}, nil).Done())
 	if b.err != nil {
 		return nil
 	}
-	stmt := b.fn.Statements[len(b.fn.Statements)-1]
+	last := len(b.fn.Statements) - 1
+	stmt := b.fn.Statements[last]
 	if len(stmt.Outputs) != 1 || stmt.Outputs[0] != y {
 		b.err = fmt.Errorf("strip dot: the dot_general is not the last statement")
 		return nil
+	}
+	if half {
+		conv := b.fn.Statements[last-1]
+		if len(conv.Outputs) != 1 || conv.Outputs[0] != operand {
+			b.err = fmt.Errorf("strip dot: the stand-in convert does not precede the dot_general")
+			return nil
+		}
+		stmt.Inputs[1] = packed
+		b.fn.Statements = append(b.fn.Statements[:last-1], stmt)
 	}
 	op := stmt.OpType
 	for op = 0; op.String() != "CustomCall"; op++ {
@@ -368,5 +490,5 @@ func (b *builder) relu(x *stablehlo.Value) *stablehlo.Value {
 	return b.keep(stablehlo.Maximum(x, zb))
 }
 
-// f32 is the dtype of every tensor of the program.
+// f32 is the dtype of every tensor of the program but half strips.
 const f32 = dtypes.Float32

@@ -1,6 +1,7 @@
 package dcn
 
 import (
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -183,5 +184,79 @@ func TestPackedValues(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestHalfStrips checks a program over half strips: its twins are
+// arguments of the half type, each custom call reads one directly (the
+// convert that stands in for it during shape inference is gone), and its
+// values are the stored halves packed as the float32 ones are.
+func TestHalfStrips(t *testing.T) {
+	for _, elem := range []stripdot.Element{stripdot.Float16, stripdot.BFloat16} {
+		for _, cfg := range configs(t) {
+			opts := DefaultOptions()
+			opts.PackedWeights, opts.StripDot, opts.PackedElement = true, true, elem
+			text, err := Build(cfg, 2, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			prog := string(text)
+			if strings.Contains(prog, "stablehlo.convert") {
+				t.Errorf("%s %s: the stand-in convert is still in the program", cfg.Name, elem)
+			}
+			calls := strings.Count(prog, `call_target_name = "`+stripdot.Target+`"`)
+			reads := regexp.MustCompile(`\} : \(tensor<[0-9x]+xf32>, tensor<[0-9]+x[0-9]+x32x`+elem.String()+`>\) -> `).FindAllString(prog, -1)
+			if calls == 0 || len(reads) != calls {
+				t.Errorf("%s %s: %d custom calls, %d of them reading half strips", cfg.Name, elem, calls, len(reads))
+			}
+			all := Params(cfg, opts)
+			var f32Bytes, halfBytes int64
+			for _, p := range all {
+				if p.Packed != (p.Element == elem) {
+					t.Errorf("%s %s: %s is packed %t with element %s", cfg.Name, elem, p.Name, p.Packed, p.Element)
+				}
+				if p.Packed {
+					halfBytes += int64(p.Bytes())
+					if p.Bytes() != 2*p.Elements() {
+						t.Errorf("%s %s: %s has %d bytes for %d halves", cfg.Name, elem, p.Name, p.Bytes(), p.Elements())
+					}
+				}
+			}
+			plain := opts
+			plain.StripDot = false
+			for _, p := range Params(cfg, plain) {
+				if !p.Packed {
+					f32Bytes += int64(p.Bytes())
+				}
+			}
+			if got := WeightBytes(cfg, plain); got != f32Bytes {
+				t.Errorf("%s %s: plain program reads %d bytes, want %d", cfg.Name, elem, got, f32Bytes)
+			}
+			if got := WeightBytes(cfg, opts); got >= f32Bytes || got < halfBytes {
+				t.Errorf("%s %s: strip program reads %d bytes, want the %d of the half strips and less than float32's %d", cfg.Name, elem, got, halfBytes, f32Bytes)
+			}
+		}
+	}
+	const rows, cols = 3, 64
+	bits := make([]uint16, 5*cols)
+	for i := range bits {
+		bits[i] = uint16(i)
+	}
+	p := Param{Name: "w.strips", Tensor: "w", RowFrom: 2, RowTo: 5, Shape: stripdot.PackedShape(rows, cols), Packed: true, Element: stripdot.Float16}
+	got, err := p.HalfValues(bits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := 0; s < cols/stripdot.Width; s++ {
+		for i := 0; i < rows; i++ {
+			for j := 0; j < stripdot.Width; j++ {
+				if v, want := got[(s*rows+i)*stripdot.Width+j], bits[(2+i)*cols+s*stripdot.Width+j]; v != want {
+					t.Fatalf("strip %d row %d col %d = %v, want %v", s, i, j, v, want)
+				}
+			}
+		}
+	}
+	if _, err := p.Values(make([]float32, 5*cols)); err == nil {
+		t.Error("Values of a half twin: no error")
 	}
 }

@@ -167,6 +167,7 @@ func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Opt
 
 	stripMax := e.stripDotBuckets(opts)
 	prog.PackedWeights = stripMax > 0
+	prog.PackedElement = dcn.ElementOf(cfg.DenseDtype)
 	e.prog = prog
 	if err := e.uploadParams(bundle, prog, e.zeroCopy && !opts.CopyWeights); err != nil {
 		e.Close()
@@ -260,16 +261,29 @@ func (e *Executor) uploadParams(bundle *model.Bundle, prog dcn.Options, inPlace 
 		want[s.Name] = s.Elements()
 	}
 	specs := dcn.Params(e.cfg, prog)
-	values := make([][]float32, len(specs))
+	values := make([][]byte, len(specs))
 	for i, p := range specs {
-		data, err := bundle.Tensor(p.Tensor)
+		var err error
+		if p.Element == stripdot.Float32 {
+			var data, v []float32
+			if data, err = bundle.Tensor(p.Tensor); err == nil {
+				if int64(len(data)) != want[p.Tensor] {
+					return fmt.Errorf("executor: tensor %s has %d values, want %d", p.Tensor, len(data), want[p.Tensor])
+				}
+				v, err = p.Values(data)
+				values[i] = asBytes(v)
+			}
+		} else {
+			bits := bundle.ParamBits(p.Tensor)
+			if int64(len(bits)) != want[p.Tensor] {
+				return fmt.Errorf("executor: tensor %s has %d stored halves, want %d (dense_dtype %s)",
+					p.Tensor, len(bits), want[p.Tensor], e.cfg.DenseDtype)
+			}
+			var v []uint16
+			v, err = p.HalfValues(bits)
+			values[i] = asBytes(v)
+		}
 		if err != nil {
-			return fmt.Errorf("executor: %w", err)
-		}
-		if int64(len(data)) != want[p.Tensor] {
-			return fmt.Errorf("executor: tensor %s has %d values, want %d", p.Tensor, len(data), want[p.Tensor])
-		}
-		if values[i], err = p.Values(data); err != nil {
 			return fmt.Errorf("executor: %w", err)
 		}
 	}
@@ -282,7 +296,7 @@ func (e *Executor) uploadParams(bundle *model.Bundle, prog dcn.Options, inPlace 
 	} else {
 		e.params = make([]*pjrt.Buffer, len(specs))
 		for i, p := range specs {
-			buf, err := e.rt.Client.BufferFromHost().FromFlatDataWithDimensions(values[i], p.Shape).Done()
+			buf, err := e.rt.Client.BufferFromHost().FromRawData(values[i], p.DType(), p.Shape).Done()
 			if err != nil {
 				return fmt.Errorf("executor: upload %s: %w", p.Name, err)
 			}

@@ -383,3 +383,90 @@ func TestFormulationsAgree(t *testing.T) {
 		}
 	}
 }
+
+// TestHalfDenseWeights serves bundles whose dense weights are stored as
+// fp16 and bf16: the strip kernel streams the stored halves (from the
+// mapping and uploaded) and XLA's buckets the halves widened at load, and
+// both must compute the model of the widened weights, which the reference
+// computes.
+func TestHalfDenseWeights(t *testing.T) {
+	if _, err := device.FindPlugin(""); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI needs the PJRT plugin: %v", err)
+		}
+		t.Skipf("no PJRT plugin (run make deps): %v", err)
+	}
+	rt, err := device.Open("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	for _, dd := range []model.DenseDtype{model.DenseFP16, model.DenseBF16} {
+		cfg := model.DLRMv2(model.DevVocabCap)
+		cfg.DenseDtype = dd
+		dir := t.TempDir()
+		if err := model.Export(context.Background(), dir, cfg, 6, nil); err != nil {
+			t.Fatal(err)
+		}
+		bundle, err := model.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bundle.Close()
+		ref, err := model.NewReference(bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		variants := []struct {
+			name string
+			opts executor.Options
+		}{
+			{"xla", executor.Options{MaxBatch: 32, StripDot: executor.StripDotOff}},
+			{"strip", executor.Options{MaxBatch: 32, StripDot: executor.StripDotOn, StripDotMaxBucket: 32}},
+			{"strip+copy", executor.Options{MaxBatch: 32, CopyWeights: true, StripDot: executor.StripDotOn, StripDotMaxBucket: 32}},
+		}
+		const n = 32
+		dense, sparse := model.RandomInputs(cfg, 12, n)
+		scores := make([][]float32, len(variants))
+		for i, v := range variants {
+			ex, err := executor.New(context.Background(), rt, bundle, v.opts)
+			if err != nil {
+				t.Fatalf("%s %s: %v", dd, v.name, err)
+			}
+			defer ex.Close()
+			if want := v.opts.StripDot == executor.StripDotOn && stripdot.Supported(); ex.StripDot(n) != want {
+				t.Errorf("%s %s: bucket %d uses the strip kernel: %t, want %t", dd, v.name, n, ex.StripDot(n), want)
+			}
+			in, err := ex.NewHostInputs(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			copy(in.Dense(), dense)
+			if err := ref.Pool(sparse, n, in.Pooled()); err != nil {
+				t.Fatal(err)
+			}
+			scores[i] = make([]float32, n)
+			if err := ex.Run(in, n, scores[i]); err != nil {
+				t.Fatalf("%s %s: %v", dd, v.name, err)
+			}
+			for _, b := range []int{1, 3} {
+				res, err := parity.Bucket(ex, ref, in, b, uint64(b))
+				if err != nil {
+					t.Fatalf("%s %s n=%d: %v", dd, v.name, b, err)
+				}
+				if res.MaxAbsDiff > 1e-4 {
+					t.Errorf("%s %s n=%d: max|Δ| to the reference %g > 1e-4", dd, v.name, b, res.MaxAbsDiff)
+				}
+			}
+		}
+		for r := range scores[0] {
+			if d := math.Abs(float64(scores[1][r] - scores[0][r])); d > 1e-6 {
+				t.Errorf("%s row %d: the strip kernel scores %v, XLA %v", dd, r, scores[1][r], scores[0][r])
+			}
+			if scores[1][r] != scores[2][r] {
+				t.Fatalf("%s row %d: strip kernel reading weights in place gives %v, uploaded %v", dd, r, scores[1][r], scores[2][r])
+			}
+		}
+	}
+}

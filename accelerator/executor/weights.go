@@ -30,14 +30,19 @@ func layoutWeights(params []dcn.Param) (offsets []int, size int) {
 	offsets = make([]int, len(params))
 	for i, p := range params {
 		offsets[i] = size
-		size += (p.Elements()*4 + 4095) &^ 4095
+		size += (p.Bytes() + 4095) &^ 4095
 	}
 	return offsets, size
 }
 
-// mapWeights copies the parameters (values[i] for params[i]) into a new
-// mapping and returns views of it.
-func mapWeights(c *pjrt.Client, params []dcn.Param, values [][]float32) (*hostWeights, []*pjrt.Buffer, error) {
+// mapWeights copies the parameters (values[i], the bytes of params[i])
+// into a new mapping and returns views of it.
+func mapWeights(c *pjrt.Client, params []dcn.Param, values [][]byte) (*hostWeights, []*pjrt.Buffer, error) {
+	for i, p := range params {
+		if len(values[i]) != p.Bytes() {
+			return nil, nil, fmt.Errorf("executor: %s has %d bytes, want %d", p.Name, len(values[i]), p.Bytes())
+		}
+	}
 	offsets, size := layoutWeights(params)
 	// Round up so the huge-page hint can cover the whole mapping.
 	size = (size + hugePage - 1) &^ (hugePage - 1)
@@ -49,9 +54,9 @@ func mapWeights(c *pjrt.Client, params []dcn.Param, values [][]float32) (*hostWe
 	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE) // a hint: refused (THP off) is fine
 	bufs := make([]*pjrt.Buffer, len(params))
 	for i, p := range params {
-		dst := unsafe.Slice((*float32)(unsafe.Pointer(&mem[offsets[i]])), p.Elements())
+		dst := mem[offsets[i] : offsets[i]+p.Bytes()]
 		copy(dst, values[i])
-		bufs[i], err = c.CreateViewOfDeviceBuffer(unsafe.Pointer(&dst[0]), f32, p.Shape)
+		bufs[i], err = c.CreateViewOfDeviceBuffer(unsafe.Pointer(&dst[0]), p.DType(), p.Shape)
 		if err != nil {
 			for _, b := range bufs[:i] {
 				b.Destroy()
@@ -61,6 +66,14 @@ func mapWeights(c *pjrt.Client, params []dcn.Param, values [][]float32) (*hostWe
 		}
 	}
 	return w, bufs, nil
+}
+
+// asBytes is the memory of v, for copying into the mapping or uploading.
+func asBytes[T float32 | uint16](v []T) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*int(unsafe.Sizeof(v[0])))
 }
 
 // unmap releases the mapping; every view of it must be destroyed first.

@@ -26,6 +26,7 @@ func runBench(ctx context.Context, args []string) error {
 	var c commonFlags
 	c.register(fs)
 	perBucket := fs.Duration("duration", 500*time.Millisecond, "measured time per bucket")
+	copyMiB := fs.Int("copy-mib", 256, "size of the buffer whose single-threaded copy measures the memory bandwidth the dense: lines compare with (0: skip)")
 	dump := fs.String("dump-program", "", "write the StableHLO of every measured bucket to `dir`/recmesh_b<n>.mlir (for hlobench)")
 	var only bucketList
 	fs.Var(&only, "buckets", "comma-separated `buckets` to measure, powers of two such as 1,16,128\n"+
@@ -68,6 +69,10 @@ func runBench(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	copyGBs := 0.0
+	if *copyMiB > 0 {
+		copyGBs = copyBandwidth(*copyMiB << 20)
+	}
 	for _, b := range buckets {
 		if err := ex.Run(in, b, scores); err != nil { // warm-up
 			return err
@@ -100,8 +105,38 @@ func runBench(ctx context.Context, args []string) error {
 			perCore = float64(runs*b) / cpu
 		}
 		fmt.Printf("model: bucket=%d examples_per_s=%.0f examples_per_core_s=%.0f\n", b, float64(runs*b)/el, perCore)
+		prog := ex.Program(b)
+		bytes := dcn.WeightBytes(cfg, prog)
+		stream := float64(bytes) * float64(runs) / el / 1e9
+		line := fmt.Sprintf("dense: bucket=%d dense_dtype=%s strip_dot=%t weight_mib=%.1f calls_per_s=%.1f weight_gb_s=%.2f",
+			b, cfg.DenseDtype, prog.StripDot, float64(bytes)/(1<<20), float64(runs)/el, stream)
+		if copyGBs > 0 {
+			line += fmt.Sprintf(" copy_gb_s=%.2f of_copy_pct=%.0f", copyGBs, 100*stream/copyGBs)
+		}
+		fmt.Println(line)
 	}
 	return nil
+}
+
+// copyBandwidth measures this thread's memory bandwidth as STREAM's Copy
+// does: the bytes read plus the bytes written per second by copies of a
+// buffer of size bytes (bigger than any cache), the best of five. It is
+// what one core can move, the ceiling a weight stream is compared with.
+func copyBandwidth(size int) float64 {
+	src, dst := make([]byte, size), make([]byte, size)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	copy(dst, src) // fault both in
+	best := 0.0
+	for range 5 {
+		start := time.Now()
+		copy(dst, src)
+		if gbs := 2 * float64(size) / time.Since(start).Seconds() / 1e9; gbs > best {
+			best = gbs
+		}
+	}
+	return best
 }
 
 // dumpPrograms writes the program of every bucket, as the executor
