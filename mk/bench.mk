@@ -44,8 +44,13 @@
 # data/dlrm-cap1000-int8, data/dlrm-cap1000-hostbound-int8), from the same
 # seed, so it is the same model; and the results go to their own
 # directories (bench/results/<dtype>, bench/results/full-<dtype>,
-# bench/results/ci-smoke-<dtype>). Every summary line ends with
-# dtype=<d>, read by benchrun from the bundle's config.json.
+# bench/results/ci-smoke-<dtype>). BENCH_DENSE_DTYPE (fp32, the default;
+# fp16 or bf16) is the precision of the dense weights alike: every arm
+# serves the weights at that precision (the Python arms' JAX programs
+# included), the bundles get the further suffix -dense-<dtype>
+# (data/dlrm-cap850000-int8-dense-fp16) and the results their own
+# directory. Every summary line ends with dtype=<d> dense_dtype=<d>, read by
+# benchrun from the bundle's config.json.
 #
 # Included by the root Makefile, which defines ROOT, DEPS, BIN, GO, PYTHON
 # and DEV_BUNDLE. `make deps` (and so `make test`) also installs the Python
@@ -68,7 +73,9 @@ BENCH_CLIENT_PIN := $(if $(BENCH_CLIENT_CPUS),-cpus $(BENCH_CLIENT_CPUS))
 # The tables' precision (see the top): empty suffix at fp32, so the fp32
 # bundles and results keep their names.
 BENCH_TABLE_DTYPE  ?= fp32
-BENCH_DTYPE_SUFFIX := $(if $(filter fp32,$(BENCH_TABLE_DTYPE)),,-$(BENCH_TABLE_DTYPE))
+BENCH_DENSE_DTYPE  ?= fp32
+BENCH_DTYPE_SUFFIX := $(if $(filter fp32,$(BENCH_TABLE_DTYPE)),,-$(BENCH_TABLE_DTYPE))$(if $(filter fp32,$(BENCH_DENSE_DTYPE)),,-dense-$(BENCH_DENSE_DTYPE))
+BENCH_EXPORT_DTYPES := --table-dtype $(BENCH_TABLE_DTYPE) --dense-dtype $(BENCH_DENSE_DTYPE)
 # The small default bundle at that precision (the others are below).
 BENCH_SMALL        := $(DEV_BUNDLE)$(BENCH_DTYPE_SUFFIX)
 
@@ -146,16 +153,16 @@ BENCH_SMALL_HOSTBOUND := $(HOSTBOUND_SMALL)$(BENCH_DTYPE_SUFFIX)
 
 ifneq ($(BENCH_DTYPE_SUFFIX),)
 $(BENCH_DTYPE_BUNDLE)/model.safetensors: | $(DEPS)/go.stamp
-	$(GO) run ./cli/cmd/recmesh export --max-vocab 850000 --seed 1 --table-dtype $(BENCH_TABLE_DTYPE) --out $(BENCH_DTYPE_BUNDLE)
+	$(GO) run ./cli/cmd/recmesh export --max-vocab 850000 --seed 1 $(BENCH_EXPORT_DTYPES) --out $(BENCH_DTYPE_BUNDLE)
 
 $(BENCH_DTYPE_HOSTBOUND)/model.safetensors: | $(DEPS)/go.stamp
-	$(GO) run ./cli/cmd/recmesh export --preset hostbound --max-vocab 850000 --seed 1 --table-dtype $(BENCH_TABLE_DTYPE) --out $(BENCH_DTYPE_HOSTBOUND)
+	$(GO) run ./cli/cmd/recmesh export --preset hostbound --max-vocab 850000 --seed 1 $(BENCH_EXPORT_DTYPES) --out $(BENCH_DTYPE_HOSTBOUND)
 
 $(BENCH_SMALL)/model.safetensors: | $(DEPS)/go.stamp
-	$(GO) run ./cli/cmd/recmesh export --max-vocab 1000 --seed 1 --table-dtype $(BENCH_TABLE_DTYPE) --out $(BENCH_SMALL)
+	$(GO) run ./cli/cmd/recmesh export --max-vocab 1000 --seed 1 $(BENCH_EXPORT_DTYPES) --out $(BENCH_SMALL)
 
 $(BENCH_SMALL_HOSTBOUND)/model.safetensors: | $(DEPS)/go.stamp
-	$(GO) run ./cli/cmd/recmesh export --preset hostbound --max-vocab 1000 --seed 1 --table-dtype $(BENCH_TABLE_DTYPE) --out $(BENCH_SMALL_HOSTBOUND)
+	$(GO) run ./cli/cmd/recmesh export --preset hostbound --max-vocab 1000 --seed 1 $(BENCH_EXPORT_DTYPES) --out $(BENCH_SMALL_HOSTBOUND)
 endif
 
 BENCH_WORKLOADS        ?= mlperf=$(BENCH_DTYPE_BUNDLE),hostbound=$(BENCH_DTYPE_HOSTBOUND)
@@ -183,7 +190,7 @@ BENCH_MEMORY_DURATION  ?= 1s
 BENCH_ARGS             ?=
 # The quick sweep's results: bench/results at fp32, bench/results/<dtype>
 # at another precision.
-BENCH_SWEEP_RESULTS    ?= $(BENCH_RESULTS)$(if $(BENCH_DTYPE_SUFFIX),/$(BENCH_TABLE_DTYPE))
+BENCH_SWEEP_RESULTS    ?= $(BENCH_RESULTS)$(if $(BENCH_DTYPE_SUFFIX),/$(patsubst -%,%,$(BENCH_DTYPE_SUFFIX)))
 BENCH_PIN := $(if $(BENCH_SERVER_CPUS),-server-cpus $(BENCH_SERVER_CPUS)) $(if $(BENCH_CLIENT_CPUS),-client-cpus $(BENCH_CLIENT_CPUS))
 
 BENCH_FULL_WORKLOADS        ?= $(BENCH_WORKLOADS)

@@ -360,6 +360,8 @@ func TestSuiteLinesDtype(t *testing.T) {
 	}
 	int8 := model.DLRMv2(model.DevVocabCap)
 	int8.TableDtype = model.DtypeInt8
+	fp16Dense := model.DLRMv2(model.DevVocabCap)
+	fp16Dense.DenseDtype = model.DenseFP16
 	run := func(workload string, env report.Env, memory bool) *report.Run {
 		r := &report.Run{Workload: workload, Env: env, Sweep: report.Sweep{Batches: []int{1, 16}, BudgetFractions: []float64{0.8}}}
 		for _, arm := range []string{"recmesh-slo", "py-mp-batch"} {
@@ -377,11 +379,12 @@ func TestSuiteLinesDtype(t *testing.T) {
 		return r
 	}
 	runs := []*report.Run{
-		run("mlperf", report.Env{Notes: []string{dtypeNote(int8), "another note"}}, false),
+		run("mlperf", report.Env{Notes: []string{dtypeNote(int8), "another note", denseNote(fp16Dense)}}, false),
 		run("hostbound", report.Env{Bundle: int4Bundle}, true),
 		run("old", report.Env{Bundle: filepath.Join(t.TempDir(), "gone")}, true),
 	}
 	want := map[string]string{"mlperf": "int8", "hostbound": "int4", "old": "fp32"}
+	wantDense := map[string]string{"mlperf": "fp16", "hostbound": "fp32", "old": "fp32"}
 	got := suiteLines(runs)
 	plain := report.SuiteLines(runs)
 	if len(got) != len(plain) || len(got) == 0 {
@@ -389,9 +392,10 @@ func TestSuiteLinesDtype(t *testing.T) {
 	}
 	kinds := map[string]bool{}
 	for i, l := range got {
-		rest, d, ok := strings.Cut(l, " dtype=")
-		if !ok || rest != plain[i] || strings.Contains(d, " ") {
-			t.Errorf("line %d is %q, want %q followed by dtype=<d>", i, l, plain[i])
+		rest, ds, ok := strings.Cut(l, " dtype=")
+		d, dd, ok2 := strings.Cut(ds, " dense_dtype=")
+		if !ok || !ok2 || rest != plain[i] || strings.Contains(d, " ") || strings.Contains(dd, " ") {
+			t.Errorf("line %d is %q, want %q followed by dtype=<d> dense_dtype=<d>", i, l, plain[i])
 			continue
 		}
 		kind, _, _ := strings.Cut(l, " ")
@@ -400,14 +404,17 @@ func TestSuiteLinesDtype(t *testing.T) {
 		if _, f, ok := strings.Cut(l, "workload="); ok {
 			w, _, _ = strings.Cut(f, " ")
 		}
-		if d != want[w] {
-			t.Errorf("line %q: dtype %s, want %s (workload %s)", l, d, want[w], w)
+		if d != want[w] || dd != wantDense[w] {
+			t.Errorf("line %q: dtype %s dense_dtype %s, want %s and %s (workload %s)", l, d, dd, want[w], wantDense[w], w)
 		}
 	}
 	for _, k := range []string{"bench:", "bench-ratio:", "bench-open:", "bench-memory:"} {
 		if !kinds[k] {
 			t.Errorf("no %s line among\n%s", k, strings.Join(got, "\n"))
 		}
+	}
+	if n := denseNote(fp16Dense); !strings.HasPrefix(n, "Dense weights: fp16 (config.json dense_dtype), ") || !strings.Contains(n, "halves") {
+		t.Errorf("fp16 dense note %q", n)
 	}
 	if n := dtypeNote(int8); !strings.HasPrefix(n, "Embedding tables: int8 (config.json table_dtype), 2.4 MiB: ") || !strings.Contains(n, "dequantizing") {
 		t.Errorf("int8 note %q", n)

@@ -37,7 +37,7 @@ func environment(c *config, cfg model.Config) report.Env {
 		TableBytes:  cfg.TableBytes(),
 		MaxVocab:    cfg.MaxVocabSize,
 	}
-	e.Notes = append(e.Notes, dtypeNote(cfg))
+	e.Notes = append(e.Notes, dtypeNote(cfg), denseNote(cfg))
 	if kb, ok := meminfo("MemTotal"); ok {
 		e.MemTotalBytes = kb << 10
 	}

@@ -15,7 +15,7 @@ import (
 
 // finish writes the report and prints the summary lines, last: the
 // `bench:`, `bench-ratio:`, `bench-open:` and `bench-memory:` lines of
-// report.SuiteLines, each with dtype=<d> appended.
+// report.SuiteLines, each with dtype=<d> dense_dtype=<d> appended.
 func finish(c *config, runs []*report.Run) error {
 	if err := report.WriteSuite(c.results, runs, c.charts); err != nil {
 		return err
@@ -47,13 +47,14 @@ func finish(c *config, runs []*report.Run) error {
 var linePrefixes = []string{"bench: ", "bench-ratio: ", "bench-open: ", "bench-memory: "}
 
 // suiteLines are report.SuiteLines, in the same order, each ending with
-// the dtype=<d> of the tables its workload served (see runDtype).
+// the dtype=<d> of the tables its workload served and the dense_dtype=<d>
+// of its dense weights (see runDtype).
 func suiteLines(runs []*report.Run) []string {
 	byRun := make([][]string, len(runs))
 	for i, r := range runs {
-		d := runDtype(r)
+		d, dd := runDtype(r), runDenseDtype(r)
 		for _, l := range report.SuiteLines([]*report.Run{r}) {
-			byRun[i] = append(byRun[i], l+" dtype="+d)
+			byRun[i] = append(byRun[i], l+" dtype="+d+" dense_dtype="+dd)
 		}
 	}
 	var out []string
@@ -107,6 +108,37 @@ func runDtype(r *report.Run) string {
 		}
 	}
 	return model.DtypeFP32.String()
+}
+
+// denseNotePrefix starts the run's note on its dense weights' precision.
+const denseNotePrefix = "Dense weights: "
+
+// denseNote is the run's note on the precision of its dense weights.
+func denseNote(cfg model.Config) string {
+	how := "."
+	if cfg.DenseDtype.String() != model.DenseFP32.String() {
+		how = ", the mesh's strip kernel and the Python arms' JAX programs each reading the stored halves as the model defines them (widened exactly to float32)."
+	}
+	return fmt.Sprintf("%s%s (config.json dense_dtype), %.1f MiB: every arm serves them at that precision%s",
+		denseNotePrefix, cfg.DenseDtype, float64(cfg.DenseBytes())/(1<<20), how)
+}
+
+// runDenseDtype is the precision of the dense weights a run served, read
+// as runDtype reads the tables'.
+func runDenseDtype(r *report.Run) string {
+	for _, n := range r.Env.Notes {
+		if rest, ok := strings.CutPrefix(n, denseNotePrefix); ok {
+			if d, _, _ := strings.Cut(rest, " "); d != "" {
+				return d
+			}
+		}
+	}
+	if r.Env.Bundle != "" {
+		if cfg, err := loadgen.ReadConfig(r.Env.Bundle); err == nil {
+			return cfg.DenseDtype.String()
+		}
+	}
+	return model.DenseFP32.String()
 }
 
 // strictCheck fails a run in which any arm failed to start or to pass
