@@ -74,7 +74,7 @@ TEST_P    ?= 2
 vet: $(DEPS)/go.stamp
 	$(GO) vet $(PKGS)
 
-test: deps vet
+test: deps vet bench-py-test
 	$(GO) test -count=1 -p $(TEST_P) $(UNIT_PKGS)
 
 ## The small default bundle, exported once.
@@ -121,16 +121,8 @@ e2e-steering: deps
 	@grep -E '^\s*(--- |steering_test.go:[0-9]+: (ebpf|kernel-hash|mean))' $(DEPS)/e2e-steering.log || true
 	@grep '^steering ok:' $(DEPS)/e2e-steering.log
 
-## bench-model: recmesh's compiled DCNv2 against JAX's (on the same PJRT
-## plugin, and on jaxlib's own CPU backend), per bucket, on one core; see
-## accelerator/jaxbench/benchmodel.py.
-BENCH_MODEL_BUNDLE ?= $(DEV_BUNDLE)
-BENCH_MODEL_ARGS   ?= --cpu 0 --buckets 1,16,128 --rounds 4 --duration 1 --jax-default-client
-
-bench-model: deps $(DEV_BUNDLE)/model.safetensors
-	@mkdir -p $(DEPS)/bench-model
-	$(GO) build -o $(DEPS)/bench-model/accelerator ./accelerator/cmd/accelerator
-	$(DEPS)/bench-venv/bin/python accelerator/jaxbench/benchmodel.py --accelerator $(DEPS)/bench-model/accelerator \
-		--bundle $(BENCH_MODEL_BUNDLE) --plugin $(PJRT_PLUGIN) $(BENCH_MODEL_ARGS)
+## bench-py-test: the Python arms' own unit tests (bench/python/test_*.py).
+bench-py-test: bench-py-deps
+	$(BENCH_PY) -m unittest discover -s bench/python -p 'test_*.py'
 
 -include mk/*.mk

@@ -25,7 +25,7 @@ dense_bundle = $(if $(filter fp32,$(1)),$(DEV_BUNDLE),$(DEV_BUNDLE)-dense-$(1))
 $(DEV_BUNDLE)-dense-%/model.safetensors: | $(DEPS)/go.stamp
 	$(GO) run ./cli/cmd/recmesh export --max-vocab 1000 --seed 1 --dense-dtype $* --out $(DEV_BUNDLE)-dense-$*
 
-.PHONY: bench-dense
+.PHONY: bench-dense bench-model
 
 bench-dense: deps $(foreach d,$(DENSE_DTYPES),$(call dense_bundle,$(d))/model.safetensors)
 	@mkdir -p $(DEPS)/bench-dense && rm -f $(DEPS)/bench-dense/lines.txt
@@ -35,3 +35,20 @@ bench-dense: deps $(foreach d,$(DENSE_DTYPES),$(call dense_bundle,$(d))/model.sa
 		taskset -c $(DENSE_CPU) $(DEPS)/bench-dense/accelerator bench --bundle $$b $(DENSE_ARGS) 2>$(DEPS)/bench-dense/$$d.log \
 			| tee -a $(DEPS)/bench-dense/lines.txt; \
 	done
+
+# bench-model: recmesh's compiled DCNv2 against JAX's (on the same PJRT
+# plugin, and on jaxlib's own CPU backend), per bucket and dense weight
+# precision (the dev bundle exported at fp32, fp16 and bf16, mk/dense.mk),
+# on one core; see accelerator/jaxbench/benchmodel.py.
+BENCH_MODEL_DTYPES ?= fp32 fp16 bf16
+comma := ,
+space := $(empty) $(empty)
+BENCH_MODEL_BUNDLE ?= $(subst $(space),$(comma),$(foreach d,$(BENCH_MODEL_DTYPES),$(d)=$(call dense_bundle,$(d))))
+BENCH_MODEL_ARGS   ?= --cpu 0 --buckets 1,16,128 --rounds 4 --duration 1 --jax-default-client
+
+bench-model: deps $(foreach d,$(BENCH_MODEL_DTYPES),$(call dense_bundle,$(d))/model.safetensors)
+	@mkdir -p $(DEPS)/bench-model
+	$(GO) build -o $(DEPS)/bench-model/accelerator ./accelerator/cmd/accelerator
+	$(DEPS)/bench-venv/bin/python accelerator/jaxbench/benchmodel.py --accelerator $(DEPS)/bench-model/accelerator \
+		--bundle $(BENCH_MODEL_BUNDLE) --plugin $(PJRT_PLUGIN) $(BENCH_MODEL_ARGS)
+

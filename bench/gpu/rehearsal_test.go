@@ -67,7 +67,7 @@ func TestGPURehearsal(t *testing.T) {
 			t.Errorf("bench_ratio=%s lacks %s", last[3], w)
 		}
 	}
-	for _, want := range []string{`(?m)^parity ok: `, `(?m)^model: bucket=128 examples_per_s=\d+ jax_examples_per_s=\d+ ratio=`,
+	for _, want := range []string{`(?m)^parity ok: `, `(?m)^model: bucket=128 (dense_dtype=\w+ )?examples_per_s=\d+ jax_examples_per_s=\d+ .* ratio=`,
 		`(?m)^bench: workload=hostbound arm=py-mp-batch b_req=128 `, `(?m)^bench-ratio: workload=mlperf b_req=16 `} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("run.sh printed no line matching %s", want)

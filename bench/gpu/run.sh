@@ -202,7 +202,7 @@ step bench "$WORK/bin/benchrun" -root "$PACK/root" -bin "$WORK/bin" -python "$PY
 	-dense-cost=false -memory-arms '' -strict \
 	-server-cpus "$SERVER_CPUS" -client-cpus "$CLIENT_CPUS"
 
-model=$(grep '^model: bucket=' "$RESULTS/bench-model.log" | sed -n 's/^model: bucket=\([0-9]*\) examples_per_s=\([0-9]*\) jax_examples_per_s=\([0-9]*\) ratio=\([0-9.]*\).*/b\1=\2\/\3(\4)/p' | paste -sd, -)
+model=$(grep '^model: bucket=' "$RESULTS/bench-model.log" | sed -n 's/^model: bucket=\([0-9]*\) \(dense_dtype=[a-z0-9]* \)\{0,1\}examples_per_s=\([0-9]*\) jax_examples_per_s=\([0-9]*\) .* ratio=\([0-9.]*\).*/b\1=\3\/\4(\5)/p' | paste -sd, -)
 ratios=$(grep '^bench-ratio:' "$RESULTS/bench.log" | sed -n 's/^bench-ratio: workload=\([a-z]*\) b_req=\([0-9]*\) .* ratio=\([^ ]*\).*/\1_b\2=\3/p' | paste -sd, -)
 say "wall time $(( $(date +%s) - START )) s"
 echo "gpu-run ok: backend=$BACKEND plugin=$(basename "$PLUGIN") parity_max_abs_diff=$PARITY model=${model:-none} bench_ratio=${ratios:-none} wall_s=$(( $(date +%s) - START ))" | tee -a "$LOG"

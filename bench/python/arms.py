@@ -47,7 +47,10 @@ def load_network(args, config, tensors):
 
     jax.config.update("jax_platforms", platform)
     log.info("jax %s on %s", jax.__version__, jax.devices()[0].device_kind)
-    network = DenseNetwork(config, tensors)
+    # XLA's intra-op threads pick the auto plan (dlrm.HALF_PLAN).
+    threads = 1 if args.xla_threads == "1" else len(os.sched_getaffinity(0))
+    network = DenseNetwork(config, tensors, args.dense_compute, threads)
+    log.info("dense network: %s (--dense-compute %s)", network.description, args.dense_compute)
     network.warm_up(min(args.warm_max, next_pow2(args.max_batch)), log)
     return network
 

@@ -18,6 +18,14 @@ gathered arrays at a time, never a Python loop per row: value = float32(q) *
 scale + bias, each operation rounded to float32 as the Go kernels do, and a
 pooled vector is the float32 sum of its bag's values.
 
+The dense parameters are held at the precision the bundle stores them in
+(config.json's dense_dtype: fp32, or fp16 and bf16 halves, whose values
+are their exact widenings to float32), and the network computes in float32
+whatever it is: --dense-compute (DENSE_COMPUTE) chooses between half
+weights on the device (half), float32 ones widened at load (fp32) and, the
+default, per bucket whichever of the two was measured faster (auto; see
+HALF_PLAN for the formulations and the figures).
+
 NumPy is imported at the top; JAX only by DenseNetwork, so a process that
 only gathers (a py-mp frontend) never loads it.
 """
@@ -46,6 +54,29 @@ TABLE_LAYOUTS = {
 }
 
 
+# The stored dense parameters of each dense precision (config.json's
+# dense_dtype): the safetensors dtype and the NumPy dtype they are held in.
+# A stored half's value is its exact widening to float32; the model computes
+# in float32 all the same (see make_forward). NumPy has no bfloat16: BF16
+# tensors are read as their uint16 bits and viewed as ml_dtypes.bfloat16
+# (JAX's own bfloat16 type; imported only when such a tensor is read, so a
+# process that only gathers never loads it).
+DENSE_LAYOUTS = {
+    "fp32": ("F32", "<f4"),
+    "fp16": ("F16", "<f2"),
+    "bf16": ("BF16", "<u2"),
+}
+
+
+def dense_dtype(config):
+    """The precision config.json stores the dense parameters in (absent or
+    empty: fp32, what a bundle written before dense precisions holds)."""
+    dtype = config.get("dense_dtype") or "fp32"
+    if dtype not in DENSE_LAYOUTS:
+        raise ValueError(f"config.json: dense_dtype {dtype!r} is not one of {', '.join(DENSE_LAYOUTS)}")
+    return dtype
+
+
 def table_dtype(config):
     """The precision config.json stores the tables in (absent: fp32, what a
     bundle written before precisions holds)."""
@@ -67,9 +98,10 @@ def table_index(name):
 
 def read_bundle(directory, want=lambda name: True):
     """Returns (config dict, {tensor name: private ndarray}) for the tensors
-    whose name satisfies want: the dense tensors float32, the tables at the
-    precision config.json's table_dtype stores them in (TABLE_LAYOUTS), each
-    checked against it."""
+    whose name satisfies want: the dense tensors at the precision
+    config.json's dense_dtype stores them in (DENSE_LAYOUTS: float32,
+    float16 or ml_dtypes.bfloat16), the tables at the precision its
+    table_dtype stores them in (TABLE_LAYOUTS), each checked against it."""
     with open(os.path.join(directory, "config.json")) as f:
         config = json.load(f)
     if (len(config["hotness"]) != NUM_TABLES or len(config["vocab_sizes"]) != NUM_TABLES
@@ -78,6 +110,7 @@ def read_bundle(directory, want=lambda name: True):
                          f"({NUM_TABLES} tables, {NUM_DENSE} dense, dimension {EMBEDDING_DIM})")
     try:
         dtype = table_dtype(config)
+        ddtype = dense_dtype(config)
     except ValueError as e:
         raise ValueError(f"{directory}: {e}") from None
     path = os.path.join(directory, "model.safetensors")
@@ -107,9 +140,10 @@ def read_bundle(directory, want=lambda name: True):
                     raise ValueError(f"{path}: tensor {name} has shape {list(shape)}, "
                                      f"want {[config['vocab_sizes'][t], width]}{said}")
             else:
-                np_dtype = "<f4"
-                if info["dtype"] != "F32":
-                    raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, want F32")
+                st_dtype, np_dtype = DENSE_LAYOUTS[ddtype]
+                if info["dtype"] != st_dtype:
+                    raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, want {st_dtype} "
+                                     f"(config.json says dense_dtype {ddtype})")
             begin, end = info["data_offsets"]
             arr = np.empty(shape, dtype=np_dtype)
             if arr.nbytes != end - begin:
@@ -125,6 +159,10 @@ def read_bundle(directory, want=lambda name: True):
                 if not k:
                     raise ValueError(f"{path}: tensor {name}: file ends after {got} of {arr.nbytes} bytes")
                 got += k
+            if info["dtype"] == "BF16":
+                import ml_dtypes
+
+                arr = arr.view(ml_dtypes.bfloat16)
             tensors[name] = arr
     return config, tensors
 
@@ -303,9 +341,11 @@ def check_dense_shapes(config, tensors):
 
 
 def dense_params(config, tensors):
-    """The dense weights as forward() takes them (NumPy arrays, shapes
-    checked against config.json): {"bottom": [(w, b)], "cross": [(v, u,
-    b)], "top": [(w, b)]}."""
+    """The dense weights as the bundle stores them (NumPy arrays at its
+    dense_dtype, [in, out], shapes checked against config.json):
+    {"bottom": [(w, b)], "cross": [(v, u, b)], "top": [(w, b)]}; what the
+    jitted forward takes is device_dense_params' (for a float32 bundle, the
+    same arrays)."""
     check_dense_shapes(config, tensors)
 
     def layers(prefix, count):
@@ -319,23 +359,278 @@ def dense_params(config, tensors):
     }
 
 
-def make_forward(jax, jnp):
-    """The DCNv2 forward pass over dense_params, for jax.jit: scores for
-    dense (B, 13) and pooled (B, 26, 128)."""
+# How the network computes with half-precision (fp16, bf16) weights. A
+# stored half's value is its exact widening to float32, and every product,
+# sum and activation is float32: half weights save bytes, not math. Off a
+# CPU, XLA fuses a weight's convert into the matmul that reads it, so the
+# program is the plain one, jnp.dot(x, w.astype(float32)). XLA's CPU
+# backends have no matmul that reads halves: for that program they
+# materialise the float32 copy of every weight (64 MB for MLPerf's
+# network) on every call, into freshly mapped memory whose page faults make
+# it 4-8x slower than float32 weights at small buckets
+# (lax.dot_general(x, w, preferred_element_type=float32) compiles to the
+# same; measured). What is fast on a CPU depends on the batch size, so each
+# bucket's executable (jit traces one per batch size) computes the way a
+# plan gives it, from the copies of the weights the plan holds (see
+# FORMULATIONS below). Measured on the 2-core Xeon (Sapphire Rapids, KVM)
+# this was written on, MLPerf's dense network (the same in
+# data/dlrm-cap1000 and dlrm-cap850000), examples/s, medians of 5
+# interleaved rounds of 0.3 s (the machine's speed drifts by minutes:
+# compare within a column), one XLA thread:
+#
+#   jaxlib 0.10.2 CPU      b=1     2     4     8    16    32    64   128   256   512  1024
+#   float32 weights        260   352   444   720  1149  1510  2768  3323  3835  4095  3751
+#   fp16, HALF_PLAN        576   638  1097  1532  2006  2393  2983  3394  3671  3261  3460
+#   bf16, HALF_PLAN        561   628  1068  1486  1949  2373  2945  3378  3631  3197  3463
+#   fp16, auto (1 thread)  567   628  1078  1497  1933  2348  2963  3410  3650  4006  3708
+#   fp16, plain (whole)     30    58   108   201   371   645  1247  1934  2661  3224  3487
+#
+#   recmesh's PJRT plugin  b=1     2    16    32    64   128   512
+#   float32 weights        314   397  1356  2285  3993  4361  4502
+#   fp16, PLUGIN_HALF_PLAN 554   573  2236  2824  3269  4010  4466
+#   bf16, PLUGIN_HALF_PLAN 578   572  2290  2895  3302  4026  4557
+#   fp16, plain (whole)     14   264  1531  2382  3332  3999  4574
+#
+# and with XLA's pool of 2 threads (jaxlib, taskset -c 0,1): float32 404,
+# 700, 2013, 5604, 7800 at b=1, 2, 16, 128, 512; HALF_PLAN 821, 332, 1464,
+# 3500, 6153 (the chunked loops' small matmuls do not share out well);
+# auto (AUTO_PLAN_THREADS) 775, 674, 2019, 5643, 7615. Half weights pay
+# where the weights' bytes dominate (small buckets, one thread); at large
+# buckets the matmuls' arithmetic does and float32 weights are as fast or
+# faster. Scores of every plan are within 3e-7 (relative) of the float32
+# program on the widened weights (fp16 and bf16, b = 1 ... 512).
+#
+# On an H200 (jax 0.11.2, CUDA), the plain program with half weights
+# against the same with float32 weights, examples/s, b = 1, 16, 128, 1024:
+# fp16 1764/1545, 28347/27910, 169162/174840, 610137/661988; bf16
+# 1857/1716, 28353/28335, 187910/209606, 729867/773204 (float32 against
+# itself varied by 15 % at 128): a wash, so off a CPU every --dense-compute
+# but fp32 runs the half weights in the plain program.
+#
+# A plan is a tuple of (largest bucket, or None for every larger one,
+# formulation), read in order; a formulation is one of
+#
+#   gemv   the transposed halves ([out, in]), jnp.dot(x, widen(w_t).T):
+#          XLA fuses the convert into the matrix-vector product, which
+#          then streams the halves once and nothing else (b = 1 only: for
+#          a matrix it materialises the float32 copy);
+#   rows   the halves as stored ([in, out]) in chunks of input rows of
+#          chunk_bytes of float32 each, a lax.fori_loop: each chunk is
+#          widened into a buffer that stays in the L2 cache and multiplied,
+#          the partial products summed in float32;
+#   cols   the transposed halves in chunks of output columns (chunk_bytes
+#          of float32 each): full-depth matmuls, each into its own columns
+#          of the result;
+#   whole  jnp.dot(x, w.astype(float32)), the float32 copy of each weight
+#          made on every call (what XLA does with the plain program);
+#   fp32   a float32 copy of the weights widened at load: the float32
+#          program.
+#
+# CHUNK_BYTES is an eighth of the 4 MiB L2 (one thread: 512 KiB and 1 MiB
+# alike, 2 MiB 20-40 % slower, 8 MiB up to 8x slower). On a CPU, bf16 weights
+# are held as their uint16 bits and widened by a shift (u << 16 is the
+# float32): XLA's CPU backend computes bf16 operations in float32, which
+# hoists a bf16 convert out of the chunk loop (one whole float32 copy
+# again), and a bf16 -> uint16 bitcast of a parameter is a copy there too.
+# A plan holds every copy one of its formulations reads: HALF_PLAN the two
+# half layouts (together the bytes of one float32 copy), the auto plans a
+# float32 copy as well.
+CHUNK_BYTES = 512 << 10
+FORMULATIONS = ("gemv", "rows", "cols", "whole", "fp32")
+# --dense-compute half on jaxlib's CPU backend, and on recmesh's PJRT
+# plugin (jaxbench.py --backend plugin, a newer XLA): half weights only.
+HALF_PLAN = ((1, "gemv"), (32, "rows"), (256, "cols"), (None, "whole"))
+PLUGIN_HALF_PLAN = ((1, "gemv"), (32, "rows"), (None, "whole"))
+# --dense-compute auto: per bucket the faster of the half formulations and
+# float32 weights, with XLA's one thread (--xla-threads 1, or one usable
+# CPU) and with its intra-op pool of several.
+AUTO_PLAN_ONE_THREAD = ((1, "gemv"), (32, "rows"), (256, "cols"), (None, "fp32"))
+AUTO_PLAN_THREADS = ((1, "gemv"), (None, "fp32"))
+
+# --dense-compute: auto (the default) runs each bucket the faster way (a
+# plan above, holding the half copies it reads and a float32 one); half
+# keeps only half weights on the device; fp32 widens them at load and runs
+# the float32 program. A float32 bundle runs the float32 program whatever
+# the choice.
+DENSE_COMPUTE = ("auto", "half", "fp32")
+
+
+def dense_plan(config, compute="auto", platform="cpu", threads=1, backend="jaxlib"):
+    """The plan (see FORMULATIONS) a network runs, or None for the plain
+    program over plain arrays: float32 weights (a float32 bundle, compute
+    fp32), or half weights off a CPU, where XLA fuses their convert into
+    the matmul (jnp.dot(x, w.astype(float32)) at every bucket). threads is
+    XLA's intra-op threads; backend, on a CPU, jaxlib or plugin (recmesh's
+    PJRT plugin, whose newer XLA wants PLUGIN_HALF_PLAN)."""
+    if compute not in DENSE_COMPUTE:
+        raise ValueError(f"dense compute {compute!r} is not one of {', '.join(DENSE_COMPUTE)}")
+    if dense_dtype(config) == "fp32" or compute == "fp32" or platform != "cpu":
+        return None
+    if compute == "half":
+        return PLUGIN_HALF_PLAN if backend == "plugin" else HALF_PLAN
+    return AUTO_PLAN_ONE_THREAD if threads <= 1 else AUTO_PLAN_THREADS
+
+
+def plan_for(plan, bucket):
+    """The formulation plan gives a batch of bucket examples."""
+    for most, how in plan:
+        if most is None or bucket <= most:
+            return how
+    raise ValueError(f"plan {plan} covers no bucket {bucket}")
+
+
+def _divisor_at_most(n, most):
+    """The largest divisor of n that is at most max(most, 1)."""
+    most = max(min(most, n), 1)
+    return max(d for d in range(1, most + 1) if n % d == 0)
+
+
+def device_dense_params(config, tensors, compute="auto", plan=None):
+    """The dense parameters as make_forward(plan)'s forward takes them
+    (NumPy arrays, for jax.device_put), in dense_params' structure. With no
+    plan, plain arrays: float32 (a float32 bundle, or compute fp32: the
+    halves widened, exactly) or the halves as stored (float16,
+    ml_dtypes.bfloat16). With a plan, a dict per matrix holding the copies
+    its formulations read: "kn" the halves as stored [in, out], "nk" the
+    halves transposed [out, in], "f32" widened; and per bias "half" and/or
+    "f32". On a plan's CPU, bf16 halves are held as their uint16 bits,
+    widened by a shift (see make_forward)."""
+    params = dense_params(config, tensors)
+    half = dense_dtype(config) != "fp32" and compute != "fp32"
+
+    def f32(a):
+        # Exact: every float16 and bfloat16 is a float32.
+        return np.asarray(a, dtype=np.float32)
+
+    if plan is None:
+        def plain(a):
+            return a if half else f32(a)
+
+        return {
+            "bottom": [(plain(w), plain(b)) for w, b in params["bottom"]],
+            "cross": [(plain(v), plain(u), plain(b)) for v, u, b in params["cross"]],
+            "top": [(plain(w), plain(b)) for w, b in params["top"]],
+        }
+    uses = {how for _, how in plan}
+
+    def bits(a):
+        return a if a.dtype == np.float16 else a.view(np.uint16)
+
+    def vector(b):
+        out = {"f32": f32(b)} if "fp32" in uses else {}
+        if uses - {"fp32"}:
+            out["half"] = bits(b)
+        return out
+
+    def matrix(w):
+        out = {"f32": f32(w)} if "fp32" in uses else {}
+        if uses & {"rows", "whole"}:
+            out["kn"] = bits(w)
+        if uses & {"gemv", "cols"}:
+            out["nk"] = np.ascontiguousarray(bits(w).T)
+        return out
+
+    return {
+        "bottom": [(matrix(w), vector(b)) for w, b in params["bottom"]],
+        "cross": [(matrix(v), matrix(u), vector(b)) for v, u, b in params["cross"]],
+        "top": [(matrix(w), vector(b)) for w, b in params["top"]],
+    }
+
+
+def describe_plan(config, plan, params):
+    """A few words on a network's weights and program, for the logs."""
+    w = params["top"][0][0]
+    if plan is None:
+        if w.dtype == np.float32:
+            return "float32 weights"
+        return f"{w.dtype} weights, float32 math (converted in the matmul)"
+    held = ", ".join(f"{k} {v.dtype}" for k, v in w.items())
+    return f"{dense_dtype(config)} bundle, copies held: {held}; float32 math; plan {plan}"
+
+
+def make_forward(jax, jnp, plan=None, chunk_bytes=None):
+    """The DCNv2 forward pass over device_dense_params(plan), for jax.jit:
+    scores for dense (B, 13) and pooled (B, 26, 128). Without a plan, the
+    plain program (with half weights, jnp.dot(x, w.astype(float32))); with
+    one, each bucket's executable (jit traces one per batch size) computes
+    every product the way the plan gives its batch size. Every product and
+    sum is float32 either way: a half weight's value is its widening."""
     hi = jax.lax.Precision.HIGHEST
+    lax = jax.lax
+    f32 = jnp.float32
+    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    for _, how in plan or ():
+        if how not in FORMULATIONS:
+            raise ValueError(f"plan {plan}: {how!r} is not one of {', '.join(FORMULATIONS)}")
+
+    def widen(w):
+        if w.dtype == f32:
+            return w
+        if w.dtype == jnp.uint16:  # bfloat16 bits: the float32 is u << 16
+            return lax.bitcast_convert_type(w.astype(jnp.uint32) << 16, f32)
+        return w.astype(f32)
+
+    def rows(x, w):
+        # [in, out] halves: the sum over chunks of input rows of x_c @ widen(w_c).
+        k, n = w.shape
+        r = _divisor_at_most(k, chunk_bytes // (4 * n))
+        if r == k:
+            return jnp.dot(x, widen(w), precision=hi)
+
+        def body(i, acc):
+            xc = lax.dynamic_slice_in_dim(x, i * r, r, axis=1)
+            wc = lax.dynamic_slice_in_dim(w, i * r, r, axis=0)
+            return acc + jnp.dot(xc, widen(wc), precision=hi)
+
+        return lax.fori_loop(0, k // r, body, jnp.zeros((x.shape[0], n), f32))
+
+    def cols(x, wt):
+        # [out, in] halves: every chunk of output columns is x @ widen(wt_c).T.
+        n, k = wt.shape
+        r = _divisor_at_most(n, chunk_bytes // (4 * k))
+        if r == n:
+            return jnp.dot(x, widen(wt).T, precision=hi)
+
+        def body(i, y):
+            wc = lax.dynamic_slice_in_dim(wt, i * r, r, axis=0)
+            return lax.dynamic_update_slice_in_dim(y, jnp.dot(x, widen(wc).T, precision=hi), i * r, axis=1)
+
+        return lax.fori_loop(0, n // r, body, jnp.zeros((x.shape[0], n), f32))
+
+    def affine(x, w, b=None):
+        """x @ w (+ b)."""
+        if not isinstance(w, dict):
+            y = jnp.dot(x, widen(w), precision=hi)
+            return y if b is None else y + widen(b)
+        how = plan_for(plan, x.shape[0])
+        if how == "fp32":
+            y = jnp.dot(x, w["f32"], precision=hi)
+            return y if b is None else y + b["f32"]
+        if how == "gemv":
+            y = jnp.dot(x, widen(w["nk"]).T, precision=hi)
+        elif how == "rows":
+            y = rows(x, w["kn"])
+        elif how == "cols":
+            y = cols(x, w["nk"])
+        else:
+            y = jnp.dot(x, widen(w["kn"]), precision=hi)
+        # The bias widened in the program too: with a float32 bias XLA
+        # fuses the add into gemv's dot, and that fusion materialises the
+        # float32 transposed weights (measured: 10x slower at bucket 1).
+        return y if b is None else y + widen(b["half"])
 
     def forward(params, dense, pooled):
         x = dense
         for w, b in params["bottom"]:
-            x = jax.nn.relu(jnp.dot(x, w, precision=hi) + b)
+            x = jax.nn.relu(affine(x, w, b))
         x0 = jnp.concatenate([x, pooled.reshape(pooled.shape[0], -1)], axis=1)
         xl = x0
         for v, u, b in params["cross"]:
-            xl = x0 * (jnp.dot(jnp.dot(xl, v, precision=hi), u, precision=hi) + b) + xl
+            xl = x0 * affine(affine(xl, v), u, b) + xl
         y = xl
         last = len(params["top"]) - 1
         for i, (w, b) in enumerate(params["top"]):
-            y = jnp.dot(y, w, precision=hi) + b
+            y = affine(y, w, b)
             if i < last:
                 y = jax.nn.relu(y)
         return jax.nn.sigmoid(y[:, 0])
@@ -344,16 +639,21 @@ def make_forward(jax, jnp):
 
 
 class DenseNetwork:
-    """The DCNv2 dense network under jax.jit, one executable per bucket."""
+    """The DCNv2 dense network under jax.jit, one executable per bucket, on
+    JAX's default device. compute is --dense-compute (DENSE_COMPUTE),
+    threads the XLA intra-op threads (which pick the auto plan)."""
 
-    def __init__(self, config, tensors):
+    def __init__(self, config, tensors, compute="auto", threads=1):
         import jax
         import jax.numpy as jnp
 
+        plan = dense_plan(config, compute, jax.devices()[0].platform, threads)
+        params = device_dense_params(config, tensors, compute, plan)
+        self.description = describe_plan(config, plan, params)
         # The weights are arguments of the jitted function, not closure
         # constants, so one copy serves every bucket's executable.
-        self.params = jax.device_put(dense_params(config, tensors))
-        self.forward = jax.jit(make_forward(jax, jnp))
+        self.params = jax.device_put(params)
+        self.forward = jax.jit(make_forward(jax, jnp, plan))
 
     def __call__(self, dense, pooled):
         """Scores for a bucket: dense (bucket, 13), pooled (bucket, 26, 128)."""

@@ -10,7 +10,10 @@ servers with a thread pool, NumPy `take` + `sum` embedding lookups into a
 (B, 26, 128) buffer, and the DCNv2 dense network under `jax.jit`, compiled
 once per power-of-two batch bucket (inputs are padded up to their bucket).
 The tables are held at the bundle's precision (config.json table_dtype:
-fp32, fp16, int8, int4) and dequantized on the gather (dlrm.py).
+fp32, fp16, int8, int4) and dequantized on the gather (dlrm.py); so are the
+dense weights (dense_dtype: fp32, fp16, bf16), which the network reads in
+half precision where that was measured faster, computing in float32
+(--dense-compute, dlrm.py).
 
   py           one process; each request is gathered and run through the
                network by the gRPC worker thread that received it.
@@ -65,6 +68,11 @@ Tuning choices (each overridable by its flag):
   - Each table copy is private anonymous memory (read, not mmapped), one per
     process that gathers, as in the study: py-mp* hold --processes copies,
     each at the bundle's table precision.
+  - --dense-compute auto: with a half-precision bundle, each bucket's
+    executable reads the weights the way measured faster for its batch size
+    and XLA's thread count: the halves at bucket 1 (about 2x float32 there),
+    chunked halves up to bucket 256 with one XLA thread, float32 weights
+    widened at load otherwise (dlrm.HALF_PLAN has the figures).
   - Warm-up compiles buckets 1, 2, 4, ... up to --warm-max (default 256 for
     the unbatched arms, --max-batch for the batching ones, whose merged
     batches reach it) before READY, in whichever process runs JAX.
@@ -139,6 +147,10 @@ def parse_args(argv):
     p.add_argument("--xla-threads", choices=["auto", "1"], default=None,
                    help="XLA CPU intra-op threads: auto (one per usable CPU) or 1; default 1 for "
                         "py-mp-local, auto otherwise")
+    p.add_argument("--dense-compute", choices=["auto", "half", "fp32"], default="auto",
+                   help="a half-precision bundle's dense weights (config.json dense_dtype fp16/bf16): half "
+                        "keeps them in half precision on the device, fp32 widens them at load, auto (the "
+                        "default) runs each bucket the way measured faster (dlrm.py); float32 math always")
     p.add_argument("--stubs", default=default_stubs, help="directory of the generated grpc_service_pb2*.py")
     p.add_argument("--log-level", default="INFO")
     # Set by the py-mp* parent for its children.
