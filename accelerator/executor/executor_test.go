@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -467,6 +468,52 @@ func TestHalfDenseWeights(t *testing.T) {
 			if scores[1][r] != scores[2][r] {
 				t.Fatalf("%s row %d: strip kernel reading weights in place gives %v, uploaded %v", dd, r, scores[1][r], scores[2][r])
 			}
+		}
+	}
+}
+
+// TestRunAfterReleasingCode releases the plugin's code pages, as the
+// accelerator does once it has compiled, and checks that the compiled
+// programs still run and score as the reference does (the pages they need
+// fault back in from the file), and that a program compiled afterwards
+// does too.
+func TestRunAfterReleasingCode(t *testing.T) {
+	if _, err := device.FindPlugin(""); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI needs the PJRT plugin: %v", err)
+		}
+		t.Skipf("no PJRT plugin (run make deps): %v", err)
+	}
+	s := setup(t)
+	ex, err := executor.New(context.Background(), s.rt, s.bundle, executor.Options{MaxBatch: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ex.Close()
+	n, err := s.rt.ReleaseCode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runtime.GOOS == "linux" && n <= 0 {
+		t.Errorf("released %d bytes of the plugin's code, want some", n)
+	}
+	later, err := executor.New(context.Background(), s.rt, s.bundle, executor.Options{MaxBatch: 4})
+	if err != nil {
+		t.Fatalf("compiling after the release: %v", err)
+	}
+	defer later.Close()
+	for _, e := range []*executor.Executor{ex, later} {
+		in, err := e.NewHostInputs(e.MaxBucket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer in.Close()
+		res, err := parity.Bucket(e, s.ref, in, e.MaxBucket(), 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.MaxAbsDiff > 1e-4 {
+			t.Errorf("max bucket %d after the release: max|Δ| %g > 1e-4", e.MaxBucket(), res.MaxAbsDiff)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -59,21 +60,20 @@ func runServe(ctx context.Context, args []string) error {
 	if resumed {
 		tel.Log.Info("serving the rolled-out model recorded in the model root", "bundle", startBundle, "record", filepath.Join(root.Dir(), model.ServingFile), "flag_bundle", c.bundle)
 	}
-	bundle, err := model.Open(startBundle)
-	if err != nil {
-		return err
-	}
-	defer bundle.Close()
 	rt, err := c.openDevice(tel.Log)
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
-	ex, err := executor.New(ctx, rt, bundle, c.executorOptions(tel.Log))
+	// The bundle is closed once its weights are uploaded: the dense
+	// tensors' page cache (61 MiB for MLPerf's network) would otherwise
+	// stay in the process's memory for nothing.
+	ex, err := compile(ctx, startBundle, rt, c.executorOptions(tel.Log))
 	if err != nil {
 		return err
 	}
 	defer ex.Close()
+	releaseCompiler(rt, tel.Log)
 	srv, err := server.New(server.Options{ShmDir: *shmDir, Segment: *segment, AcceleratorKeyFile: *accelKey, Executor: ex, Log: tel.Log, Registry: tel.Registry, Tracer: tel.Tracer,
 		CopyStaging: !*zeroCopy})
 	if err != nil {
@@ -119,6 +119,7 @@ func runServe(ctx context.Context, args []string) error {
 				return control.LoadReply{Error: err.Error()}
 			}
 			srv.Prepare(next)
+			releaseCompiler(rt, tel.Log)
 			tel.Log.Info("prepared rollout", "bundle", req.Bundle, "model", next.Config().ID(), "compile_s", next.CompileTime.Seconds())
 			return control.LoadReply{ModelID: next.Config().ID()}
 		})
@@ -127,6 +128,19 @@ func runServe(ctx context.Context, args []string) error {
 		}
 	}
 	return srv.Run(ctx)
+}
+
+// releaseCompiler lets the kernel reclaim the plugin's code pages once the
+// programs are compiled (device.Runtime.ReleaseCode): most of them are
+// XLA's compiler, which serving never runs again, and they were a third of
+// the mesh's memory beyond its tables.
+func releaseCompiler(rt *device.Runtime, log *slog.Logger) {
+	n, err := rt.ReleaseCode()
+	if err != nil {
+		log.Warn("plugin code pages not released", "err", err)
+		return
+	}
+	log.Info("plugin code pages released after compiling", "mib", n>>20)
 }
 
 // compile builds the executor for the bundle at dir; the bundle is only
