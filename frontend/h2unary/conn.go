@@ -214,6 +214,29 @@ func (c *conn) goAwayLocked(code http2.ErrCode, debug string) {
 	}
 }
 
+// onGoAway answers the client's GOAWAY: the streams it has are answered,
+// then the connection closes (goAwayLocked). With none in flight the
+// reader ends it itself, as after a connection error: it returns, and
+// finish lingers, reading what the client sent after its GOAWAY (h2spec
+// sends a PING) before closing. Closed at once with those bytes unread,
+// the socket would be reset, and the client would see a reset rather than
+// our GOAWAY and a clean close.
+func (c *conn) onGoAway() bool {
+	c.lock()
+	defer c.unlock()
+	if len(c.streams) > 0 || c.closed {
+		c.goAwayLocked(http2.ErrCodeNo, "")
+		return !c.closed
+	}
+	if !c.goingAway {
+		c.goingAway = true
+		_ = c.fr.WriteGoAway(c.lastID, http2.ErrCodeNo, nil)
+	}
+	_ = c.bw.Flush()
+	c.shutdownLocked()
+	return false
+}
+
 // connError ends the connection with a GOAWAY carrying code; the reader's.
 func (c *conn) connError(code http2.ErrCode, debug string) {
 	c.lock()
@@ -382,7 +405,7 @@ func (c *conn) handle(f http2.Frame) bool {
 		return c.onPing(f)
 	case *http2.GoAwayFrame:
 		// The client opens nothing more; finish what it has, then close.
-		c.goAway()
+		return c.onGoAway()
 	case *http2.PushPromiseFrame:
 		c.connError(http2.ErrCodeProtocol, "client sent PUSH_PROMISE")
 		return false
