@@ -31,6 +31,8 @@ package stripdot
 import (
 	"fmt"
 	"math"
+
+	"github.com/recmesh/recmesh/model"
 )
 
 // Width is the number of columns of a strip.
@@ -164,32 +166,17 @@ func Widen(dst []float32, src []uint16, elem Element) error {
 	if len(dst) != len(src) {
 		return fmt.Errorf("stripdot: widen %d values into %d", len(src), len(dst))
 	}
-	if elem == BFloat16 {
-		for i, h := range src {
-			dst[i] = math.Float32frombits(uint32(h) << 16)
-		}
-		return nil
-	}
 	for i, h := range src {
-		dst[i] = halfToFloat32(h)
+		if elem == BFloat16 {
+			dst[i] = model.BF16ToFloat32(h)
+			continue
+		}
+		v := model.HalfToFloat32(h)
+		if v != v {
+			// VCVTPH2PS sets a NaN's quiet bit; model keeps the half's.
+			v = math.Float32frombits(math.Float32bits(v) | 1<<22)
+		}
+		dst[i] = v
 	}
 	return nil
-}
-
-// halfToFloat32 returns the value of the binary16 h.
-func halfToFloat32(h uint16) float32 {
-	sign := uint32(h&0x8000) << 16
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h & 0x3ff)
-	switch {
-	case exp == 0x1f && mant != 0:
-		return math.Float32frombits(sign | 0x7fc00000 | mant<<13)
-	case exp == 0x1f:
-		return math.Float32frombits(sign | 0x7f800000)
-	case exp != 0:
-		return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
-	}
-	// A subnormal (or zero) is mant units of 2⁻²⁴: a float32 holds the
-	// product exactly.
-	return math.Float32frombits(math.Float32bits(float32(mant)*0x1p-24) | sign)
 }
