@@ -1,6 +1,7 @@
 package control
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -56,5 +57,63 @@ func TestPermissionsForEveryRole(t *testing.T) {
 	}
 	if _, err := PermissionsFor("nobody"); err == nil {
 		t.Error("an unknown role has permissions")
+	}
+}
+
+// TestFreshEmbeddingPermissions pins what the roles of fresh embeddings
+// may do: the trainer publishes updates and dense weights and nothing of
+// the rollout; no role but the operator's may delete or reconfigure a
+// stream or use JetStream's API at large; a frontend publishes nothing.
+func TestFreshEmbeddingPermissions(t *testing.T) {
+	perms := map[Role]Permissions{}
+	for _, r := range Roles {
+		p, err := PermissionsFor(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		perms[r] = p
+	}
+	if !slices.Contains(Roles, RoleTrainer) {
+		t.Fatal("Roles lacks the trainer")
+	}
+	tr := perms[RoleTrainer]
+	for _, want := range []string{"recmesh.updates.rows.>", "$JS.API.STREAM.CREATE.RECMESH_UPDATES", "$O.recmesh-dense.>", "$JS.API.STREAM.PURGE.OBJ_recmesh-dense"} {
+		if !slices.Contains(tr.Publish, want) {
+			t.Errorf("trainer may not publish %s", want)
+		}
+	}
+	for _, s := range []string{SubjectModelLoad, SubjectPrepare, SubjectSegment, SubjectTablesHash, SubjectSnapshot} {
+		if slices.Contains(tr.Publish, s) || slices.Contains(tr.Subscribe, s) {
+			t.Errorf("trainer may use %s", s)
+		}
+	}
+	if !slices.Equal(tr.Subscribe, []string{"_INBOX.>"}) {
+		t.Errorf("trainer subscribes %v; want its inbox only", tr.Subscribe)
+	}
+	for _, s := range []string{SubjectTablesHash, SubjectSnapshot} {
+		if !slices.Contains(perms[RoleEmbedder].Subscribe, s) {
+			t.Errorf("the embedder does not answer %s", s)
+		}
+	}
+	if len(perms[RoleFrontend].Publish) != 0 {
+		t.Errorf("a frontend may publish %v", perms[RoleFrontend].Publish)
+	}
+	for r, p := range perms {
+		if r == RoleAdmin {
+			continue
+		}
+		for _, s := range p.Publish {
+			if strings.Contains(s, ".DELETE.") && !strings.HasPrefix(s, "$JS.API.CONSUMER.DELETE.") ||
+				strings.Contains(s, "STREAM.UPDATE") || strings.HasPrefix(s, "$JS.API.>") || s == "$JS.>" ||
+				strings.Contains(s, "*") {
+				t.Errorf("role %s may publish %s", r, s)
+			}
+			if strings.HasPrefix(s, "$JS.API.") && !strings.Contains(s, "RECMESH_UPDATES") && !strings.Contains(s, "OBJ_recmesh-dense") {
+				t.Errorf("role %s may use %s, beyond the two streams of fresh embeddings", r, s)
+			}
+		}
+		if (r == RoleEmbedder || r == RoleAccelerator || r == RoleFrontend) && slices.Contains(p.Publish, "recmesh.updates.rows.>") {
+			t.Errorf("role %s may publish row updates", r)
+		}
 	}
 }

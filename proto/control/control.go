@@ -63,6 +63,64 @@ type Status struct {
 	Lanes      []LaneStatus `json:"lanes,omitempty"`
 	QueueDepth int          `json:"queue_depth"`
 	Detail     string       `json:"detail,omitempty"`
+	// Updates is the embedder's row-update consumer (nil elsewhere, or
+	// with updates off); Dense the accelerator's dense-weight swaps.
+	Updates *UpdatesStatus `json:"updates,omitempty"`
+	Dense   *DenseStatus   `json:"dense,omitempty"`
+}
+
+// UpdatesStatus is where the embedder stands in its model's row-update
+// stream (package updates): a trainer waits for Applied to reach the
+// sequence its publish was acknowledged with.
+type UpdatesStatus struct {
+	Subject string `json:"subject"`
+	// Base is the stream sequence the serving bundle already includes;
+	// Applied the last sequence applied to the serving tables (≥ Base).
+	Base    uint64 `json:"base"`
+	Applied uint64 `json:"applied"`
+	// Pending is how many messages the stream holds beyond Applied, as the
+	// consumer last saw it; LagSeconds the age of the last applied
+	// message when it was applied.
+	Pending    uint64  `json:"pending"`
+	LagSeconds float64 `json:"lag_seconds"`
+	Rows       uint64  `json:"rows_applied"`
+	Refused    uint64  `json:"refused"`
+	// CaughtUp is false while a restarted embedder replays the stream
+	// before it serves.
+	CaughtUp bool   `json:"caught_up"`
+	Error    string `json:"error,omitempty"`
+	// TablesHash is a hash over the serving tables' bytes, given only when
+	// asked for (it reads every byte).
+	TablesHash string `json:"tables_hash,omitempty"`
+}
+
+// SubjectSnapshot asks the embedder to write its serving tables, row
+// updates included, as a new bundle inside its model root (recmesh model
+// snapshot); only the operator may ask.
+const SubjectSnapshot = "recmesh.embedder.snapshot"
+
+// SnapshotRequest names the new bundle's directory, relative to the
+// model root or absolute inside it; it must not exist.
+type SnapshotRequest struct {
+	Out string `json:"out"`
+}
+
+// SnapshotReply is the written bundle and the last row-update sequence it
+// includes (its config.json's updates_seq).
+type SnapshotReply struct {
+	Bundle     string `json:"bundle,omitempty"`
+	ModelID    string `json:"model_id,omitempty"`
+	UpdatesSeq uint64 `json:"updates_seq"`
+	Error      string `json:"error,omitempty"`
+}
+
+// DenseStatus is the accelerator's dense weights: which object revision it
+// serves and how many swaps it made.
+type DenseStatus struct {
+	Source  string `json:"source"` // "bundle" or the object store's name@revision
+	Swaps   uint64 `json:"swaps"`
+	Refused uint64 `json:"refused"`
+	Error   string `json:"error,omitempty"`
 }
 
 // LaneStatus is one lane of the embedder's segment.
