@@ -114,6 +114,11 @@ type Config struct {
 	// exactly to float32 (see DenseDtype). A config.json without it was
 	// written before the dense network had a precision and holds fp32.
 	DenseDtype DenseDtype `json:"dense_dtype"`
+	// UpdatesSeq is the last sequence of the row-update stream (see
+	// proto/updates) whose rows the tables already hold: a snapshot's, so
+	// an embedder serving it replays only what came after. 0 for an
+	// export.
+	UpdatesSeq uint64 `json:"updates_seq,omitempty"`
 }
 
 // DLRMv2 returns the MLPerf DLRMv2 configuration (the "mlperf" preset) with

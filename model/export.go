@@ -51,6 +51,13 @@ func export(ctx context.Context, dir string, cfg Config, seed uint64, progress f
 	}
 	cfg.TableDtype = cfg.TableDtype.norm()
 	cfg.DenseDtype = cfg.DenseDtype.norm()
+	return publishBundle(dir, cfg, func(path string) error { return writeWeights(ctx, path, cfg, seed, progress) })
+}
+
+// publishBundle writes a bundle of cfg into a temporary directory beside
+// dir (config.json, then model.safetensors by writeWeights) and swaps it
+// into place, so a reader never sees half a bundle.
+func publishBundle(dir string, cfg Config, writeWeights func(path string) error) error {
 	dir = filepath.Clean(dir)
 	if err := checkReplaceable(dir); err != nil {
 		return err
@@ -79,7 +86,7 @@ func export(ctx context.Context, dir string, cfg Config, seed uint64, progress f
 	if err := writeFileSync(filepath.Join(tmp, ConfigFile), append(cfgJSON, '\n')); err != nil {
 		return err
 	}
-	if err := writeWeights(ctx, filepath.Join(tmp, WeightsFile), cfg, seed, progress); err != nil {
+	if err := writeWeights(filepath.Join(tmp, WeightsFile)); err != nil {
 		return err
 	}
 	if err := publishDir(tmp, dir); err != nil {

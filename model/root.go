@@ -104,6 +104,37 @@ func (r Root) Resolve(name string) (string, error) {
 	return real, nil
 }
 
+// NewBundle turns a name for a bundle about to be written (a snapshot)
+// into its absolute path inside the root: like Resolve, but the bundle
+// must not exist yet, and its parent must resolve inside the root.
+func (r Root) NewBundle(name string) (string, error) {
+	if name == "" || strings.ContainsRune(name, 0) {
+		return "", fmt.Errorf("model: bundle name %q is empty or holds a NUL byte", name)
+	}
+	p := name
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(r.dir, p)
+	}
+	p = filepath.Clean(p)
+	if !r.contains(p) || p == r.dir {
+		return "", fmt.Errorf("model: bundle %s: %w %s", name, ErrOutsideRoot, r.dir)
+	}
+	parent, err := filepath.EvalSymlinks(filepath.Dir(p))
+	if err != nil {
+		return "", fmt.Errorf("model: bundle %s: %w", name, err)
+	}
+	if !r.contains(parent) && parent != r.dir {
+		return "", fmt.Errorf("model: bundle %s: its directory links to %s, %w %s", name, parent, ErrOutsideRoot, r.dir)
+	}
+	p = filepath.Join(parent, filepath.Base(p))
+	if _, err := os.Lstat(p); err == nil {
+		return "", fmt.Errorf("model: bundle %s already exists; name a new directory", name)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("model: bundle %s: %w", name, err)
+	}
+	return p, nil
+}
+
 func (r Root) contains(p string) bool {
 	rel, err := filepath.Rel(r.dir, p)
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
@@ -116,6 +147,18 @@ type Serving struct {
 	// ModelID is the bundle's Config.ID(), for whoever reads the file.
 	ModelID string    `json:"model_id"`
 	Since   time.Time `json:"since"`
+	// UpdatesBase is the row-update stream sequence the bundle includes
+	// (its config's updates_seq); UpdatesApplied the last one the
+	// embedder applied to its tables. A restarted embedder replays the
+	// stream after UpdatesBase and serves only once it has reached
+	// UpdatesApplied, so it never answers with older rows than it did.
+	UpdatesBase    uint64 `json:"updates_base,omitempty"`
+	UpdatesApplied uint64 `json:"updates_applied,omitempty"`
+	// UpdatesOnly marks a record that no rollout wrote: the embedder
+	// recorded how far row updates reached on the bundle it was started
+	// on. Such a record does not pin the bundle: a process started with
+	// another --bundle serves that one (and the record is not its own).
+	UpdatesOnly bool `json:"updates_only,omitempty"`
 }
 
 // Serving reads the root's record of the serving model; ok is false when
@@ -174,7 +217,7 @@ func (r Root) SetServing(s Serving) error {
 // flag's older model silently would split the mesh between two models.
 func (r Root) StartBundle(flagBundle string) (dir string, resumed bool, err error) {
 	s, ok, err := r.Serving()
-	if err != nil || !ok {
+	if err != nil || !ok || s.UpdatesOnly {
 		return flagBundle, false, err
 	}
 	dir, err = r.Resolve(s.Bundle)

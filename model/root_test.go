@@ -124,3 +124,37 @@ func TestRootServing(t *testing.T) {
 		t.Errorf("StartBundle with a corrupt record: %v", err)
 	}
 }
+
+// TestStartBundleIgnoresUpdatesOnlyRecords: a record the row updates
+// wrote does not pin its bundle; a rollout's does.
+func TestStartBundleIgnoresUpdatesOnlyRecords(t *testing.T) {
+	r, err := OpenRoot(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := filepath.Join(r.Dir(), "b")
+	if err := os.Mkdir(b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetServing(Serving{Bundle: b, ModelID: "m", UpdatesApplied: 9, UpdatesOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	if dir, resumed, err := r.StartBundle("flag"); err != nil || resumed || dir != "flag" {
+		t.Fatalf("StartBundle with an updates-only record = %q, %v, %v; want the flag's bundle", dir, resumed, err)
+	}
+	if err := r.SetServing(Serving{Bundle: b, ModelID: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	if dir, resumed, err := r.StartBundle("flag"); err != nil || !resumed || dir != b {
+		t.Fatalf("StartBundle with a rollout's record = %q, %v, %v; want %s", dir, resumed, err, b)
+	}
+	if _, err := r.NewBundle("b"); err == nil {
+		t.Error("NewBundle of an existing bundle succeeded")
+	}
+	if _, err := r.NewBundle("../x"); err == nil {
+		t.Error("NewBundle outside the root succeeded")
+	}
+	if p, err := r.NewBundle("snap"); err != nil || p != filepath.Join(r.Dir(), "snap") {
+		t.Errorf("NewBundle(snap) = %q, %v", p, err)
+	}
+}
