@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,11 +35,57 @@ type Rollouts struct {
 	// MemAvailable (and the cgroup's limit).
 	available func() (int64, error)
 	busy      atomic.Bool
+
+	// mu orders writes of the serving record: a rollout's and the row
+	// updates' (RecordApplied); serving is the record as last written or
+	// to be written.
+	mu      sync.Mutex
+	serving model.Serving
 }
 
 // NewRollouts returns the admission of rollouts for e; prepare may be nil.
 func NewRollouts(e *Embedder, root model.Root, prepare func(ctx context.Context, dir, modelID string) error) *Rollouts {
-	return &Rollouts{e: e, root: root, prepare: prepare, available: availableMemory}
+	r := &Rollouts{e: e, root: root, prepare: prepare, available: availableMemory}
+	cfg := e.Store().Config
+	bundle := e.opts.Bundle
+	if abs, err := filepath.Abs(bundle); err == nil {
+		if real, err := filepath.EvalSymlinks(abs); err == nil {
+			bundle = real
+		}
+	}
+	// Until a rollout, a record of this bundle is the row updates' alone
+	// (model.Serving.UpdatesOnly): it must not pin the bundle.
+	r.serving = model.Serving{Bundle: bundle, ModelID: cfg.ID(), Since: time.Now().UTC(), UpdatesBase: cfg.UpdatesSeq, UpdatesApplied: cfg.UpdatesSeq, UpdatesOnly: true}
+	if s, ok, err := root.Serving(); err == nil && ok && s.Bundle == e.opts.Bundle {
+		r.serving = s
+	}
+	return r
+}
+
+// Serving is the serving record: what a restart comes back on, and how
+// far the row updates had reached.
+func (r *Rollouts) Serving() model.Serving {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.serving
+}
+
+// RecordApplied records that the serving tables hold the row updates up
+// to sequence applied, so a restarted embedder replays at least that far
+// before it serves. It writes the record only when the sequence moved.
+func (r *Rollouts) RecordApplied(applied uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if applied <= r.serving.UpdatesApplied {
+		return nil
+	}
+	s := r.serving
+	s.UpdatesApplied = applied
+	if err := r.root.SetServing(s); err != nil {
+		return err
+	}
+	r.serving = s
+	return nil
 }
 
 // Load rolls out the bundle name (relative to the root, or an absolute
@@ -67,7 +115,11 @@ func (r *Rollouts) Load(ctx context.Context, name string) (Generation, error) {
 	if err != nil {
 		return g, err
 	}
-	if err := r.root.SetServing(model.Serving{Bundle: dir, ModelID: g.ModelID, Since: time.Now().UTC()}); err != nil {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := model.Serving{Bundle: dir, ModelID: g.ModelID, Since: time.Now().UTC(), UpdatesBase: cfg.UpdatesSeq, UpdatesApplied: cfg.UpdatesSeq}
+	r.serving = s
+	if err := r.root.SetServing(s); err != nil {
 		// The mesh serves the new model; only a restart would lose it.
 		return g, fmt.Errorf("embedder: %s serves, but a restart would not keep it: %w", g.ModelID, err)
 	}

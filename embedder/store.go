@@ -2,6 +2,7 @@ package embedder
 
 import (
 	"fmt"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -24,6 +25,11 @@ type Store struct {
 	Mode             hugepage.Mode
 	PageSize         int
 	HugePageFraction float64
+
+	// dir is the bundle the tables were loaded from.
+	dir string
+	// rows keeps row updates and lookups apart (updates.go).
+	rows sync.RWMutex
 }
 
 // LoadStore copies the tables of the bundle at dir into a huge-page region,
@@ -73,7 +79,7 @@ func LoadStore(dir string) (*Store, error) {
 	if err != nil {
 		page = 0
 	}
-	return &Store{Config: cfg, Tables: tables, region: region, Mode: region.Mode(), PageSize: page, HugePageFraction: frac}, nil
+	return &Store{dir: dir, Config: cfg, Tables: tables, region: region, Mode: region.Mode(), PageSize: page, HugePageFraction: frac}, nil
 }
 
 // Bytes is the size of the tables at their precision.

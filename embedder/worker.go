@@ -45,8 +45,12 @@ func (w *worker) run(j job) {
 	tables := w.store.Tables
 	per := len(cfg.VocabSizes) * cfg.EmbeddingDim
 	out := j.b.pooled[j.row*per : (j.row+j.n)*per]
-	// Pool checks every id before it reads a row.
-	if err := tables.Pool(out, ids, j.n); err != nil {
+	// Pool checks every id before it reads a row. The read lock keeps a
+	// row update from landing mid-job (updates.go).
+	w.store.rows.RLock()
+	err := tables.Pool(out, ids, j.n)
+	w.store.rows.RUnlock()
+	if err != nil {
 		st := shm.StatusInternal
 		if errors.Is(err, lookup.ErrBadID) {
 			st = shm.StatusInvalid

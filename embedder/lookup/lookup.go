@@ -179,6 +179,19 @@ func (t *Tables) Width() int { return t.width }
 // Vocab returns the number of rows of table i.
 func (t *Tables) Vocab(i int) int { return len(t.raw[i]) / t.rowB }
 
+// Row returns the stored bytes of row id of table i (RowBytes long), a
+// view into the caller's table memory: writing it changes what lookups
+// read, so the caller must keep writes and pooling apart.
+func (t *Tables) Row(i, id int) []byte {
+	return t.raw[i][id*t.rowB : (id+1)*t.rowB : (id+1)*t.rowB]
+}
+
+// Data returns table i's stored rows, a view into the caller's memory.
+func (t *Tables) Data(i int) []byte { return t.raw[i] }
+
+// RowBytes returns the size of a stored row.
+func (t *Tables) RowBytes() int { return t.rowB }
+
 // Hotness returns the bag size of table i.
 func (t *Tables) Hotness(i int) int { return t.hot[i] }
 

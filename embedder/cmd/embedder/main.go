@@ -8,21 +8,26 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/recmesh/recmesh/embedder"
 	"github.com/recmesh/recmesh/embedder/batch"
+	"github.com/recmesh/recmesh/embedder/rowupdate"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/control"
+	"github.com/recmesh/recmesh/proto/updates"
 	"github.com/recmesh/recmesh/shm"
 	"github.com/recmesh/recmesh/shm/sched"
 	"github.com/recmesh/recmesh/telemetry"
@@ -35,12 +40,20 @@ const announceInterval = 2 * time.Second
 // rolloutTimeout bounds one model rollout: tables and compilation.
 const rolloutTimeout = 10 * time.Minute
 
-// status is the embedder's answer on the control plane.
-func status(e *embedder.Embedder) control.Status {
+// status is the embedder's answer on the control plane; cons is nil with
+// row updates off.
+func status(e *embedder.Embedder, cons *rowupdate.Consumer) control.Status {
 	g := e.Current()
 	st := control.Status{State: "starting", Generation: g.Generation, ModelID: g.ModelID}
 	if g.Generation != 0 {
 		st.State, st.Ready = "ready", true
+	}
+	if cons != nil {
+		u := cons.Status()
+		st.Updates = &u
+		if !u.CaughtUp && g.Generation == 0 {
+			st.State = "replaying updates"
+		}
 	}
 	for _, l := range e.Lanes() {
 		st.Lanes = append(st.Lanes, control.LaneStatus{Index: l.Index, Owner: l.Owner, State: l.State, Queued: l.Queued})
@@ -88,6 +101,8 @@ func run(args []string) error {
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:9102", "address of /metrics and /healthz (empty: off; loopback by default, \":9102\" for every interface)")
 		natsURL     = fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: no control plane)")
 		schedBatch  = fs.Bool("sched-batch", true, sched.BatchUsage)
+		rowUpdates  = fs.Bool("updates", true, "apply row updates from the NATS JetStream stream "+updates.Stream+" while serving (with --nats-url); a restarted embedder replays them before it serves (docs/design.md, Row updates)")
+		streamMiB   = fs.Int64("updates-stream-mib", 0, "size limit of the row-update stream when the embedder creates it (0: unlimited); older updates are dropped beyond it, and a bundle older than the oldest kept one needs a snapshot")
 	)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: embedder [flags]")
@@ -183,19 +198,63 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	// replayed is closed once the tables hold every row update the
+	// serving record says they held before a restart.
+	replayed := make(chan struct{})
+	close(replayed)
 	if nc != nil {
-		svc, err := control.Register(nc, control.ServiceEmbedder, telemetry.Version(), func() control.Status { return status(e) })
-		if err != nil {
-			e.Close()
-			return err
-		}
-		defer svc.Stop()
 		// Rollouts: load the new tables beside the old, have the
 		// accelerator compile the new program, then switch generations.
 		rollouts := embedder.NewRollouts(e, root, func(ctx context.Context, dir, _ string) error {
 			_, err := control.Call(ctx, nc, control.SubjectPrepare, control.LoadRequest{Bundle: dir})
 			return err
 		})
+		var cons *rowupdate.Consumer
+		if *rowUpdates {
+			if cons, replayed, err = followUpdates(ctx, nc, e, rollouts, *streamMiB<<20, tel); err != nil {
+				e.Close()
+				return err
+			}
+		}
+		svc, err := control.Register(nc, control.ServiceEmbedder, telemetry.Version(), func() control.Status { return status(e, cons) })
+		if err != nil {
+			e.Close()
+			return err
+		}
+		defer svc.Stop()
+		// The tables' hash, for an operator proving that a replay reached
+		// the same tables (recmesh update status --hash).
+		hashSub, err := nc.Subscribe(control.SubjectTablesHash, func(m *nats.Msg) {
+			var r control.TablesHashReply
+			if cons != nil {
+				r.Applied = cons.Applied()
+			}
+			r.Hash = e.Store().TablesHash()
+			b, _ := json.Marshal(r)
+			_ = m.Respond(b)
+		})
+		if err != nil {
+			e.Close()
+			return fmt.Errorf("subscribe %s: %w", control.SubjectTablesHash, err)
+		}
+		defer hashSub.Unsubscribe()
+		// Snapshots: the serving tables, updates folded in, as a new
+		// bundle in the model root, so a later rollout replays less.
+		snapSub, err := nc.Subscribe(control.SubjectSnapshot, func(m *nats.Msg) {
+			reply := snapshot(root, e, cons, m.Data)
+			if reply.Error != "" {
+				tel.Log.Error("snapshot failed", "err", reply.Error)
+			} else {
+				tel.Log.Info("snapshot written", "bundle", reply.Bundle, "updates_seq", reply.UpdatesSeq)
+			}
+			b, _ := json.Marshal(reply)
+			_ = m.Respond(b)
+		})
+		if err != nil {
+			e.Close()
+			return fmt.Errorf("subscribe %s: %w", control.SubjectSnapshot, err)
+		}
+		defer snapSub.Unsubscribe()
 		err = control.Serve(svc, "model-load", control.SubjectModelLoad, func(req control.LoadRequest) control.LoadReply {
 			lctx, cancel := context.WithTimeout(ctx, rolloutTimeout)
 			defer cancel()
@@ -203,6 +262,14 @@ func run(args []string) error {
 			if err != nil {
 				tel.Log.Error("rollout failed; the old model keeps serving", "bundle", req.Bundle, "err", err)
 				return control.LoadReply{Error: err.Error()}
+			}
+			if cons != nil {
+				// The new bundle includes the updates up to its own
+				// sequence: follow its model from there.
+				s := rollouts.Serving()
+				if _, err := cons.Follow(s.ModelID, s.UpdatesBase, s.UpdatesBase); err != nil {
+					tel.Log.Error("row updates: cannot follow the new model", "model", s.ModelID, "err", err)
+				}
 			}
 			return control.LoadReply{Generation: g.Generation, ModelID: g.ModelID}
 		})
@@ -232,9 +299,107 @@ func run(args []string) error {
 		e.Close()
 		return err
 	}
+	select {
+	case <-replayed:
+	default:
+		// Serving now would answer with older rows than before the
+		// restart.
+		tel.Log.Info("replaying row updates before serving", "model", e.Store().Config.ID())
+		select {
+		case <-replayed:
+			tel.Log.Info("row updates replayed; serving")
+		case <-ctx.Done():
+			e.Close()
+			return nil
+		}
+	}
 	if err := e.Run(ctx); err != nil {
 		return err
 	}
 	tel.Log.Info("stopped")
 	return nil
+}
+
+// updatesGCPercent is the embedder's GOGC while it consumes row updates.
+const updatesGCPercent = 1000
+
+// followUpdates starts the consumer of the serving model's row updates.
+// The channel it returns is closed once the tables hold every update the
+// serving record says they held before (at once when there is none to
+// replay).
+func followUpdates(ctx context.Context, nc *nats.Conn, e *embedder.Embedder, rollouts *embedder.Rollouts, streamBytes int64, tel *telemetry.Telemetry) (*rowupdate.Consumer, chan struct{}, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--updates: JetStream: %w", err)
+	}
+	// The NATS client allocates every message it receives (half a MiB
+	// each at full size), while serving allocates nothing and the live
+	// heap is a few MiB: at the default GOGC the collector would run tens
+	// of times a second under a stream of updates, and each cycle stalls
+	// lookups that share the core (make bench-updates measured a third of
+	// the throughput lost at 100,000 rows/s, an eighth with GOGC=1000).
+	// An operator's GOGC still wins.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(updatesGCPercent)
+	}
+	var scratch embedder.Updater
+	cons := rowupdate.New(rowupdate.Options{
+		JS:          js,
+		Apply:       func(m updates.Message) error { return e.Store().Apply(&scratch, m) },
+		Record:      rollouts.RecordApplied,
+		StreamBytes: streamBytes,
+		Log:         tel.Log,
+		Registry:    tel.Registry,
+	})
+	s := rollouts.Serving()
+	caught, err := cons.Follow(e.Store().Config.ID(), s.UpdatesBase, s.UpdatesApplied)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--updates: %w", err)
+	}
+	go func() { _ = cons.Run(ctx) }()
+	replayed := make(chan struct{})
+	go func() {
+		defer close(replayed)
+		if s.UpdatesApplied <= s.UpdatesBase {
+			// No record of updates applied before: replay what the stream
+			// holds if it can be reached, or serve the bundle as it is
+			// when JetStream is off.
+			select {
+			case <-cons.Reached():
+			case <-ctx.Done():
+				return
+			}
+			if err := cons.ReachErr(); err != nil {
+				tel.Log.Warn("row updates: the stream cannot be reached; serving the bundle's rows and retrying", "err", err)
+				return
+			}
+		}
+		select {
+		case <-caught:
+		case <-ctx.Done():
+		}
+	}()
+	return cons, replayed, nil
+}
+
+// snapshot answers a SnapshotRequest: the serving tables written as a new
+// bundle inside the model root.
+func snapshot(root model.Root, e *embedder.Embedder, cons *rowupdate.Consumer, data []byte) control.SnapshotReply {
+	var req control.SnapshotRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return control.SnapshotReply{Error: fmt.Sprintf("snapshot request does not decode: %v", err)}
+	}
+	dir, err := root.NewBundle(req.Out)
+	if err != nil {
+		return control.SnapshotReply{Error: err.Error()}
+	}
+	var applied func() uint64
+	if cons != nil {
+		applied = cons.Applied
+	}
+	cfg, err := e.Store().WriteSnapshot(dir, applied)
+	if err != nil {
+		return control.SnapshotReply{Error: err.Error()}
+	}
+	return control.SnapshotReply{Bundle: dir, ModelID: cfg.ID(), UpdatesSeq: cfg.UpdatesSeq}
 }

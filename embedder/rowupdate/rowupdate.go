@@ -1,0 +1,379 @@
+// Package rowupdate is the embedder's consumer of the row-update stream
+// (package updates): a durable JetStream pull consumer on the serving
+// model's subject, which hands each message to the store, acknowledges it
+// once applied, and keeps the position a restart replays from.
+//
+// The consumer starts after the sequence the serving bundle includes and
+// is recreated from the last applied sequence whenever it breaks (NATS
+// restarted, the consumer was deleted), so nothing is applied twice out of
+// order or skipped. A bad message is refused whole (Terminated, so it is
+// never redelivered), counted and logged once; the consumer goes on.
+package rowupdate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/recmesh/recmesh/proto/control"
+	"github.com/recmesh/recmesh/proto/updates"
+)
+
+// Options configure a Consumer.
+type Options struct {
+	// JS is the JetStream context of the embedder's NATS connection.
+	JS jetstream.JetStream
+	// Apply writes a message's rows into the serving tables or refuses it
+	// whole. It is called from one goroutine at a time.
+	Apply func(updates.Message) error
+	// Record persists the last applied sequence (the serving record);
+	// nil records nothing. It is called at most every RecordEvery.
+	Record func(applied uint64) error
+	// StreamBytes bounds the stream when the consumer creates it (0:
+	// unlimited).
+	StreamBytes int64
+	Log         *slog.Logger
+	Registry    prometheus.Registerer
+}
+
+// RecordEvery is how often the applied sequence is persisted while it
+// moves: a restart replays at least this much more than it needs, never
+// less.
+const RecordEvery = time.Second
+
+// retryMax bounds the wait between attempts to reach the stream.
+const retryMax = 5 * time.Second
+
+// target is the model whose updates are applied.
+type target struct {
+	modelID string
+	subject string
+	base    uint64 // the bundle holds every update up to base
+	until   uint64 // caught up once applied ≥ until and nothing is pending
+}
+
+// Consumer applies one model's row updates as they come.
+type Consumer struct {
+	opts Options
+	m    *metrics
+
+	follow chan target // Follow's new target, for Run
+
+	mu       sync.Mutex
+	cur      target
+	applied  uint64
+	pending  uint64
+	lag      time.Duration
+	rows     uint64
+	refused  uint64
+	lastErr  string
+	caughtUp chan struct{} // closed when cur is caught up
+	caught   bool
+
+	// reached is closed after the first attempt to reach the stream,
+	// with reachErr its failure (nil: a consumer was created).
+	reached  chan struct{}
+	reachErr error
+}
+
+// New returns a consumer that follows nothing until Follow.
+func New(opts Options) *Consumer {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	return &Consumer{opts: opts, m: newMetrics(opts.Registry), follow: make(chan target, 1), caughtUp: make(chan struct{}), reached: make(chan struct{})}
+}
+
+// Reached is closed once the consumer first tried to reach the stream;
+// ReachErr then says whether it failed (JetStream off or unreachable).
+func (c *Consumer) Reached() <-chan struct{} { return c.reached }
+
+// ReachErr is the first attempt's failure, nil when it created its
+// consumer; valid once Reached is closed.
+func (c *Consumer) ReachErr() error {
+	<-c.reached
+	return c.reachErr
+}
+
+func (c *Consumer) markReached(err error) {
+	select {
+	case <-c.reached:
+	default:
+		c.reachErr = err
+		close(c.reached)
+	}
+}
+
+// Follow makes the consumer apply modelID's updates after sequence base
+// (what its bundle includes). It reports caught up once it has applied
+// up to until (the sequence the serving record says the tables reached
+// before a restart; base when there is none) and the stream holds nothing
+// newer. Follow replaces any earlier model.
+func (c *Consumer) Follow(modelID string, base, until uint64) (<-chan struct{}, error) {
+	subject, err := updates.RowsSubject(modelID)
+	if err != nil {
+		return nil, err
+	}
+	t := target{modelID: modelID, subject: subject, base: base, until: max(until, base)}
+	c.mu.Lock()
+	c.cur, c.applied, c.pending, c.caught = t, base, 0, false
+	c.caughtUp = make(chan struct{})
+	ch := c.caughtUp
+	c.mu.Unlock()
+	c.m.applied.Set(float64(base))
+	select { // the newest target wins
+	case <-c.follow:
+	default:
+	}
+	c.follow <- t
+	return ch, nil
+}
+
+// Status is the consumer's position, for the control plane.
+func (c *Consumer) Status() control.UpdatesStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return control.UpdatesStatus{
+		Subject: c.cur.subject, Base: c.cur.base, Applied: c.applied, Pending: c.pending,
+		LagSeconds: c.lag.Seconds(), Rows: c.rows, Refused: c.refused, CaughtUp: c.caught, Error: c.lastErr,
+	}
+}
+
+// Applied is the last sequence applied to the serving tables.
+func (c *Consumer) Applied() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.applied
+}
+
+// Run consumes until ctx ends, following the target Follow last set.
+func (c *Consumer) Run(ctx context.Context) error {
+	var t target
+	select {
+	case t = <-c.follow:
+	case <-ctx.Done():
+		return nil
+	}
+	wait := 100 * time.Millisecond
+	for {
+		err := c.consume(ctx, t)
+		c.markReached(err)
+		if ctx.Err() != nil {
+			c.record()
+			return nil
+		}
+		var next target
+		var ok bool
+		if errors.Is(err, errFollow) {
+			next, ok = <-c.follow, true
+		}
+		if ok {
+			c.record()
+			t, wait = next, 100*time.Millisecond
+			continue
+		}
+		c.setError(err)
+		c.opts.Log.Warn("row updates: consumer stopped; recreating it from the last applied sequence", "subject", t.subject, "applied", c.Applied(), "retry_in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			c.record()
+			return nil
+		case next = <-c.follow:
+			c.record()
+			t, wait = next, 100*time.Millisecond
+		case <-time.After(wait):
+			wait = min(2*wait, retryMax)
+		}
+	}
+}
+
+// errFollow ends consume when Follow set a new target.
+var errFollow = errors.New("rowupdate: following another model")
+
+func (c *Consumer) durable(t target) string { return "embedder-" + t.modelID }
+
+// consume creates the durable consumer after the last applied sequence and
+// applies messages until it breaks, ctx ends or Follow changes the model.
+func (c *Consumer) consume(ctx context.Context, t target) error {
+	js := c.opts.JS
+	if _, err := js.Stream(ctx, updates.Stream); errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := js.CreateStream(ctx, updates.StreamConfig(c.opts.StreamBytes)); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return fmt.Errorf("create stream %s: %w", updates.Stream, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("stream %s: %w", updates.Stream, err)
+	}
+	from := c.Applied() + 1
+	name := c.durable(t)
+	// A durable left by an earlier run remembers its own position, not
+	// the tables': start it afresh where the tables are.
+	if err := js.DeleteConsumer(ctx, updates.Stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("delete consumer %s: %w", name, err)
+	}
+	cons, err := js.CreateConsumer(ctx, updates.Stream, jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   "recmesh embedder row updates for " + t.modelID,
+		FilterSubject: t.subject,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   from,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 256,
+	})
+	if err != nil {
+		return fmt.Errorf("create consumer %s: %w", name, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer %s: %w", name, err)
+	}
+	c.setError(nil)
+	c.markReached(nil)
+	c.opts.Log.Info("row updates: consuming", "subject", t.subject, "from_sequence", from, "pending", info.NumPending)
+	c.setPending(info.NumPending)
+	it, err := cons.Messages(jetstream.PullMaxMessages(64), jetstream.PullHeartbeat(2*time.Second))
+	if err != nil {
+		return fmt.Errorf("consumer %s: %w", name, err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	stopped := make(chan error, 1)
+	go func() {
+		// Next blocks: the iterator is stopped when ctx ends or Follow
+		// changes the model.
+		select {
+		case <-ctx.Done():
+			stopped <- ctx.Err()
+		case t := <-c.follow:
+			c.follow <- t // Run reads it
+			stopped <- errFollow
+		case <-stop:
+			stopped <- nil
+		}
+		it.Stop()
+	}()
+	last := time.Now()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			select {
+			case why := <-stopped:
+				if why != nil {
+					return why
+				}
+			default:
+			}
+			return fmt.Errorf("consumer %s: %w", name, err)
+		}
+		c.handle(msg)
+		// Serving first: on a core shared with lookups, let any that
+		// waited for this message run before the next one.
+		runtime.Gosched()
+		if time.Since(last) >= RecordEvery {
+			c.record()
+			last = time.Now()
+		}
+	}
+}
+
+// handle applies or refuses one message and acknowledges it.
+func (c *Consumer) handle(msg jetstream.Msg) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		c.opts.Log.Warn("row updates: message without metadata; skipped", "err", err)
+		_ = msg.Term()
+		return
+	}
+	start := time.Now()
+	m, err := updates.Decode(msg.Data())
+	if err == nil {
+		err = c.opts.Apply(m)
+	}
+	seq := meta.Sequence.Stream
+	if err != nil {
+		reason := refusalReason(err)
+		c.m.refused.WithLabelValues(reason).Inc()
+		c.opts.Log.Warn("row update refused; the tables are unchanged", "sequence", seq, "reason", reason, "err", err)
+		_ = msg.Term()
+	} else {
+		c.m.apply.Observe(time.Since(start).Seconds())
+		c.m.rows.Add(float64(m.Len()))
+		c.m.messages.Inc()
+		_ = msg.Ack()
+	}
+	lag := time.Since(meta.Timestamp)
+	c.m.applied.Set(float64(seq))
+	c.m.lagMessages.Set(float64(meta.NumPending))
+	c.m.lagSeconds.Set(lag.Seconds())
+	c.mu.Lock()
+	c.applied, c.pending, c.lag = seq, meta.NumPending, lag
+	if err != nil {
+		c.refused++
+	} else {
+		c.rows += uint64(m.Len())
+	}
+	c.checkCaughtUpLocked()
+	c.mu.Unlock()
+}
+
+func (c *Consumer) setPending(n uint64) {
+	c.m.lagMessages.Set(float64(n))
+	c.mu.Lock()
+	c.pending = n
+	c.checkCaughtUpLocked()
+	c.mu.Unlock()
+}
+
+// checkCaughtUpLocked closes caughtUp once nothing is pending: the tables
+// hold everything the stream has. That is normally at least until (what
+// they held before a restart); when it is less, the stream lost updates
+// (its limits dropped them, or it was deleted), and serving what it still
+// has beats waiting forever.
+func (c *Consumer) checkCaughtUpLocked() {
+	if c.caught || c.pending != 0 {
+		return
+	}
+	if c.applied < c.cur.until {
+		c.opts.Log.Error("row updates: the stream no longer holds every update the tables had before the restart; serving without them",
+			"subject", c.cur.subject, "applied", c.applied, "recorded", c.cur.until)
+	}
+	c.caught = true
+	close(c.caughtUp)
+}
+
+func (c *Consumer) setError(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lastErr = ""
+	if err != nil {
+		c.lastErr = err.Error()
+	}
+}
+
+// record persists the applied sequence.
+func (c *Consumer) record() {
+	if c.opts.Record == nil {
+		return
+	}
+	if err := c.opts.Record(c.Applied()); err != nil {
+		c.opts.Log.Error("row updates: cannot record the applied sequence; a restart would replay less", "err", err)
+	}
+}
+
+func refusalReason(err error) string {
+	switch {
+	case errors.Is(err, updates.ErrEncoding):
+		return "encoding"
+	case errors.Is(err, updates.ErrValue):
+		return "value"
+	default:
+		return "model"
+	}
+}
