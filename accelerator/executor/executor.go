@@ -1,7 +1,8 @@
 // Package executor owns the compiled DCNv2 program of the accelerator: one
-// PJRT executable per power-of-two batch bucket, the dense weights uploaded
-// once (on the CPU plugin: into a huge-page mapping the program reads in
-// place), and the host input regions the executables read.
+// PJRT executable per power-of-two batch bucket, the dense weights (on the
+// CPU plugin: in a huge-page mapping the program reads in place), uploaded
+// at load and replaced between two runs by SwapWeights without compiling,
+// and the host input regions the executables read.
 package executor
 
 import (
@@ -12,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -113,10 +115,14 @@ type Executor struct {
 	cfg     model.Config
 	buckets []int
 	exes    []*pjrt.LoadedExecutable
+	// specs are the program's weight arguments, in order.
+	specs []dcn.Param
+	// params are the weight arguments' buffers, in specs order, and
+	// weights the memory they view when inPlace (CPU plugin, unless
+	// Options.CopyWeights); both change only under mu (SwapWeights).
 	params  []*pjrt.Buffer
-	// weights is the memory params view, when they are views (CPU plugin,
-	// unless Options.CopyWeights).
 	weights *hostWeights
+	inPlace bool
 	// zeroCopy: the plugin reads host memory in place (CPU); otherwise the
 	// inputs are copied to the device per run.
 	zeroCopy bool
@@ -130,7 +136,14 @@ type Executor struct {
 
 	// CompileTime is the wall time to compile every bucket.
 	CompileTime time.Duration
+	// compiles counts the programs compiled (Compiles).
+	compiles atomic.Int64
 
+	// swapMu makes one SwapWeights at a time build its buffers.
+	swapMu sync.Mutex
+
+	// mu serialises Run, and with it every use of args and params, with
+	// the switch of SwapWeights and with Close.
 	mu     sync.Mutex
 	outBuf []byte
 	args   []*pjrt.Buffer
@@ -169,10 +182,19 @@ func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Opt
 	prog.PackedWeights = stripMax > 0
 	prog.PackedElement = dcn.ElementOf(cfg.DenseDtype)
 	e.prog = prog
-	if err := e.uploadParams(bundle, prog, e.zeroCopy && !opts.CopyWeights); err != nil {
+	e.inPlace = e.zeroCopy && !opts.CopyWeights
+	e.specs = dcn.Params(cfg, prog)
+	values, err := paramValues(cfg, e.specs, bundleSource(bundle))
+	if err != nil {
 		e.Close()
 		return nil, err
 	}
+	if e.weights, e.params, err = e.placeWeights(values); err != nil {
+		e.Close()
+		return nil, err
+	}
+	e.args = make([]*pjrt.Buffer, dcn.ArgParams+len(e.params))
+	copy(e.args[dcn.ArgParams:], e.params)
 
 	start := time.Now()
 	// strips[i] is bucket i's program with the strip kernel, compiled
@@ -213,6 +235,7 @@ func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Opt
 				return
 			}
 			t0 := time.Now()
+			e.compiles.Add(1)
 			exe, err := rt.Client.Compile().WithStableHLO(text).Done()
 			if err != nil {
 				errs[j] = fmt.Errorf("executor: compile bucket %d (strip dot %t): %w", b, jb.strip, err)
@@ -253,59 +276,6 @@ func New(ctx context.Context, rt *device.Runtime, bundle *model.Bundle, opts Opt
 			rt.PluginFile(), rt.APIVersion(), device.BindingAPIMajor, device.BindingAPIMinor, err)
 	}
 	return e, nil
-}
-
-func (e *Executor) uploadParams(bundle *model.Bundle, prog dcn.Options, inPlace bool) error {
-	want := make(map[string]int64)
-	for _, s := range e.cfg.DenseParams() {
-		want[s.Name] = s.Elements()
-	}
-	specs := dcn.Params(e.cfg, prog)
-	values := make([][]byte, len(specs))
-	for i, p := range specs {
-		var err error
-		if p.Element == stripdot.Float32 {
-			var data, v []float32
-			if data, err = bundle.Tensor(p.Tensor); err == nil {
-				if int64(len(data)) != want[p.Tensor] {
-					return fmt.Errorf("executor: tensor %s has %d values, want %d", p.Tensor, len(data), want[p.Tensor])
-				}
-				v, err = p.Values(data)
-				values[i] = asBytes(v)
-			}
-		} else {
-			bits := bundle.ParamBits(p.Tensor)
-			if int64(len(bits)) != want[p.Tensor] {
-				return fmt.Errorf("executor: tensor %s has %d stored halves, want %d (dense_dtype %s)",
-					p.Tensor, len(bits), want[p.Tensor], e.cfg.DenseDtype)
-			}
-			var v []uint16
-			v, err = p.HalfValues(bits)
-			values[i] = asBytes(v)
-		}
-		if err != nil {
-			return fmt.Errorf("executor: %w", err)
-		}
-	}
-	if inPlace {
-		w, bufs, err := mapWeights(e.rt.Client, specs, values)
-		if err != nil {
-			return err
-		}
-		e.weights, e.params = w, bufs
-	} else {
-		e.params = make([]*pjrt.Buffer, len(specs))
-		for i, p := range specs {
-			buf, err := e.rt.Client.BufferFromHost().FromRawData(values[i], p.DType(), p.Shape).Done()
-			if err != nil {
-				return fmt.Errorf("executor: upload %s: %w", p.Name, err)
-			}
-			e.params[i] = buf
-		}
-	}
-	e.args = make([]*pjrt.Buffer, dcn.ArgParams+len(e.params))
-	copy(e.args[dcn.ArgParams:], e.params)
-	return nil
 }
 
 // stripDotBuckets registers the strip kernel with the plugin when opts and

@@ -8,7 +8,93 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/recmesh/recmesh/accelerator/dcn"
+	"github.com/recmesh/recmesh/accelerator/stripdot"
+	"github.com/recmesh/recmesh/model"
 )
+
+// denseSource gives a dense tensor of the model (a name of
+// Config.DenseParams) as the program's weights are made from it: its
+// float32 values and, at a half dense precision, its stored halves (nil at
+// fp32). A bundle is one source (bundleSource), new weights another
+// (SwapWeights): both give the same arguments for the same weights.
+type denseSource func(name string) (values []float32, halves []uint16, err error)
+
+// bundleSource reads the weights of an open bundle.
+func bundleSource(b *model.Bundle) denseSource {
+	return func(name string) ([]float32, []uint16, error) {
+		v, err := b.Tensor(name)
+		if err != nil {
+			return nil, nil, err
+		}
+		return v, b.ParamBits(name), nil
+	}
+}
+
+// paramValues returns the bytes of every weight argument of the program
+// (specs, what dcn.Params lists for cfg) out of src: float32 arguments
+// from the values, sliced and packed as the program reads them, half
+// packed twins from the stored halves.
+func paramValues(cfg model.Config, specs []dcn.Param, src denseSource) ([][]byte, error) {
+	want := make(map[string]int64)
+	for _, s := range cfg.DenseParams() {
+		want[s.Name] = s.Elements()
+	}
+	values := make([][]byte, len(specs))
+	for i, p := range specs {
+		data, bits, err := src(p.Tensor)
+		if err != nil {
+			return nil, fmt.Errorf("executor: %w", err)
+		}
+		if p.Element == stripdot.Float32 {
+			if int64(len(data)) != want[p.Tensor] {
+				return nil, fmt.Errorf("executor: tensor %s has %d values, want %d", p.Tensor, len(data), want[p.Tensor])
+			}
+			var v []float32
+			v, err = p.Values(data)
+			values[i] = asBytes(v)
+		} else {
+			if int64(len(bits)) != want[p.Tensor] {
+				return nil, fmt.Errorf("executor: tensor %s has %d stored halves, want %d (dense_dtype %s)",
+					p.Tensor, len(bits), want[p.Tensor], cfg.DenseDtype)
+			}
+			var v []uint16
+			v, err = p.HalfValues(bits)
+			values[i] = asBytes(v)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("executor: %w", err)
+		}
+	}
+	return values, nil
+}
+
+// placeWeights makes the weight arguments' buffers out of values (the
+// bytes of e.specs): views of a new mapping when e.inPlace, else buffers
+// uploaded to the device. Nothing of e changes.
+func (e *Executor) placeWeights(values [][]byte) (*hostWeights, []*pjrt.Buffer, error) {
+	if e.inPlace {
+		return mapWeights(e.rt.Client, e.specs, values)
+	}
+	bufs := make([]*pjrt.Buffer, len(e.specs))
+	for i, p := range e.specs {
+		buf, err := e.rt.Client.BufferFromHost().FromRawData(values[i], p.DType(), p.Shape).Done()
+		if err != nil {
+			destroyAll(bufs[:i])
+			return nil, nil, fmt.Errorf("executor: upload %s: %w", p.Name, err)
+		}
+		bufs[i] = buf
+	}
+	return nil, bufs, nil
+}
+
+// destroyAll destroys every buffer of bufs that is not nil.
+func destroyAll(bufs []*pjrt.Buffer) {
+	for _, b := range bufs {
+		if b != nil {
+			b.Destroy()
+		}
+	}
+}
 
 // hugePage is the size of a transparent huge page on x86-64 and arm64
 // (4 KiB base pages).
@@ -58,9 +144,7 @@ func mapWeights(c *pjrt.Client, params []dcn.Param, values [][]byte) (*hostWeigh
 		copy(dst, values[i])
 		bufs[i], err = c.CreateViewOfDeviceBuffer(unsafe.Pointer(&dst[0]), p.DType(), p.Shape)
 		if err != nil {
-			for _, b := range bufs[:i] {
-				b.Destroy()
-			}
+			destroyAll(bufs[:i])
 			w.unmap()
 			return nil, nil, fmt.Errorf("executor: view of %s: %w", p.Name, err)
 		}

@@ -135,6 +135,15 @@ func (s *Server) Path() string { return filepath.Join(s.opts.ShmDir, s.opts.Segm
 // Generation is the attached generation (0 when detached).
 func (s *Server) Generation() uint64 { return s.gen.Load() }
 
+// ModelID is the id of the model the server serves new generations with:
+// the one it started with, or the last rollout's once a generation of it
+// has attached.
+func (s *Server) ModelID() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ex.Config().ID()
+}
+
 // Prepare makes ex the executor for segments of its model: a rollout
 // compiles the new model with it while the old one serves, and the next
 // generation that announces that model is served with it.

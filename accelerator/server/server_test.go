@@ -564,3 +564,27 @@ func TestRunDetachesOnCancel(t *testing.T) {
 		t.Fatalf("served by the second server: %+v", c)
 	}
 }
+
+// TestModelIDFollowsRollout: the model the server reports is the one new
+// generations are served with, which a rollout's first generation changes.
+func TestModelIDFollowsRollout(t *testing.T) {
+	dir, name := t.TempDir(), "recmesh-server-test"
+	cfg := model.DLRMv2(model.DevVocabCap)
+	first := newGeneration(t, dir, name, cfg)
+	s := startServer(t, dir, name, Options{})
+	s.attached(t, first)
+	if got := s.srv.ModelID(); got != cfg.ID() {
+		t.Fatalf("ModelID = %q, want %q", got, cfg.ID())
+	}
+	next := newFakeProgram()
+	next.cfg.Seed = 9
+	s.srv.prepare(next)
+	if got := s.srv.ModelID(); got != cfg.ID() {
+		t.Fatalf("ModelID = %q once a rollout is prepared, want still %q", got, cfg.ID())
+	}
+	rolled := newGeneration(t, dir, name, next.cfg)
+	s.attached(t, rolled)
+	if got := s.srv.ModelID(); got != next.cfg.ID() {
+		t.Fatalf("ModelID = %q after the rollout, want %q", got, next.cfg.ID())
+	}
+}

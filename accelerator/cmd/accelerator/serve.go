@@ -8,13 +8,19 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/recmesh/recmesh/accelerator/dense"
 	"github.com/recmesh/recmesh/accelerator/device"
 	"github.com/recmesh/recmesh/accelerator/executor"
 	"github.com/recmesh/recmesh/accelerator/server"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/proto/control"
+	"github.com/recmesh/recmesh/proto/updates"
 	"github.com/recmesh/recmesh/shm"
 	"github.com/recmesh/recmesh/shm/sched"
 	"github.com/recmesh/recmesh/telemetry"
@@ -88,8 +94,30 @@ func runServe(ctx context.Context, args []string) error {
 			return err
 		}
 		defer nc.Close()
+		// Dense weights from the object store: the serving model's stored
+		// object, if any, before the first batch; then every new one.
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return fmt.Errorf("jetstream: %w", err)
+		}
+		bundles := &bundleDirs{dirs: map[string]string{ex.Config().ID(): startBundle}}
+		weights := dense.New(dense.Options{JS: js, Log: tel.Log, Registry: tel.Registry, Bundle: bundles.get})
+		if nc.IsConnected() {
+			addDense(ctx, weights, ex)
+		} else {
+			weights.Register(ex)
+			tel.Log.Info("NATS not reached yet: serving the bundle's dense weights until the watch finds any stored ones", "bucket", updates.DenseBucket)
+		}
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		watchDone := make(chan struct{})
+		go func() {
+			defer close(watchDone)
+			_ = weights.Run(watchCtx)
+		}()
+		defer func() { stopWatch(); <-watchDone }() // before ex and nc close
 		svc, err := control.Register(nc, control.ServiceAccelerator, telemetry.Version(), func() control.Status {
-			st := control.Status{State: "waiting", Generation: srv.Generation(), ModelID: ex.Config().ID(),
+			id := srv.ModelID()
+			st := control.Status{State: "waiting", Generation: srv.Generation(), ModelID: id, Dense: weights.Status(id),
 				Detail: fmt.Sprintf("plugin %s (PJRT API %s), %d buckets", rt.PluginFile(), rt.APIVersion(), len(ex.Buckets()))}
 			if st.Generation != 0 {
 				st.State, st.Ready = "serving", true
@@ -118,6 +146,8 @@ func runServe(ctx context.Context, args []string) error {
 				tel.Log.Error("prepare failed", "bundle", req.Bundle, "err", err)
 				return control.LoadReply{Error: err.Error()}
 			}
+			bundles.set(next.Config().ID(), dir)
+			addDense(ctx, weights, next) // the new model starts on its stored object, if any
 			srv.Prepare(next)
 			releaseCompiler(rt, tel.Log)
 			tel.Log.Info("prepared rollout", "bundle", req.Bundle, "model", next.Config().ID(), "compile_s", next.CompileTime.Seconds())
@@ -128,6 +158,39 @@ func runServe(ctx context.Context, args []string) error {
 		}
 	}
 	return srv.Run(ctx)
+}
+
+// denseLoadTimeout bounds the read of a model's stored dense weights when
+// its executor is added: past it (NATS unreachable), the model starts on
+// its bundle's weights and the watch swaps the stored ones in later.
+const denseLoadTimeout = 30 * time.Second
+
+// addDense registers ex with the dense-weights watcher, which swaps in the
+// stored object of its model, if there is one, before returning.
+func addDense(ctx context.Context, w *dense.Watcher, ex *executor.Executor) {
+	ctx, cancel := context.WithTimeout(ctx, denseLoadTimeout)
+	defer cancel()
+	w.Add(ctx, ex)
+}
+
+// bundleDirs maps each model the process compiled to its bundle, for the
+// watcher to bring a bundle's weights back when its object is deleted.
+type bundleDirs struct {
+	mu   sync.Mutex
+	dirs map[string]string
+}
+
+func (b *bundleDirs) get(modelID string) (string, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	dir, ok := b.dirs[modelID]
+	return dir, ok
+}
+
+func (b *bundleDirs) set(modelID, dir string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.dirs[modelID] = dir
 }
 
 // releaseCompiler lets the kernel reclaim the plugin's code pages once the
