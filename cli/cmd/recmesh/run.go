@@ -49,6 +49,7 @@ func runMesh(ctx context.Context, e *env, args []string) error {
 	mode := fs.String("batch-mode", "slo", "embedder batching: slo, none, model or full (see embedder -h)")
 	target := fs.Duration("latency-target", model.DefaultLatencyTarget, "end-to-end p99 budget: slo batching sizes batches and sheds load for it, frontends count misses of it")
 	natsURL := fs.String("nats-url", "", "NATS server (env NATS_URL); empty starts an embedded one")
+	jsDir := fs.String("jetstream-dir", "", "`dir` where the embedded NATS keeps its JetStream streams (fresh embeddings' row updates and dense weights), so they outlive a restart of the mesh: a bundle's tables include updates only up to its export (default <model root>/"+jetstreamDirName+"; the model root is RECMESH_MODEL_ROOT, else the directory holding --bundle; unused with --nats-url)")
 	if err := parseFlags(fs, args, e); err != nil {
 		return err
 	}
@@ -92,15 +93,18 @@ func runMesh(ctx context.Context, e *env, args []string) error {
 	// whatever NATS_* environment the user gave (inherited).
 	roleEnv := func(control.Role) []string { return []string{"NATS_URL=" + *natsURL} }
 	if *natsURL == "" {
-		ns, err := meshnats.Start("")
+		if *jsDir == "" {
+			*jsDir = filepath.Join(runModelRoot(e, *bundle), jetstreamDirName)
+		}
+		ns, err := meshnats.StartWith(meshnats.Options{StoreDir: *jsDir})
 		if err != nil {
-			return fmt.Errorf("run: %w", err)
+			return fmt.Errorf("run: %w (--jetstream-dir chooses where JetStream stores)", err)
 		}
 		defer ns.Shutdown()
 		*natsURL = ns.ClientURL()
 		roleEnv = ns.Env
-		fmt.Fprintf(e.stdout, "mesh: embedded NATS at %s, closed to clients without a mesh identity; as the operator:\n  export NATS_URL=%s NATS_NKEY=%s\n",
-			*natsURL, *natsURL, ns.Seed(control.RoleAdmin))
+		fmt.Fprintf(e.stdout, "mesh: embedded NATS at %s (JetStream in %s), closed to clients without a mesh identity; as the operator:\n  export NATS_URL=%s NATS_NKEY=%s\n  (a trainer: NATS_NKEY=%s)\n",
+			*natsURL, *jsDir, *natsURL, ns.Seed(control.RoleAdmin), ns.Seed(control.RoleTrainer))
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -156,6 +160,21 @@ mesh: ready — %d frontends on %s (Open Inference Protocol v2, model "dlrm")
 	case name := <-m.exited:
 		return fmt.Errorf("run: %s exited; stopping the mesh", name)
 	}
+}
+
+// jetstreamDirName is the directory under the model root where recmesh
+// run's embedded NATS keeps its streams by default. A dot-name, so it is
+// not mistaken for a bundle.
+const jetstreamDirName = ".jetstream"
+
+// runModelRoot is the model root the processes of recmesh run use: the
+// embedder's and the accelerator's --model-root default, or the
+// RECMESH_MODEL_ROOT they inherit.
+func runModelRoot(e *env, bundle string) string {
+	if root := e.getenv("RECMESH_MODEL_ROOT"); root != "" {
+		return root
+	}
+	return filepath.Dir(bundle)
 }
 
 // stopGrace is how long a child may take to stop after SIGTERM (a

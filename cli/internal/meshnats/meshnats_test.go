@@ -52,13 +52,17 @@ func TestRolesOnARealServer(t *testing.T) {
 // TestGeneratedConfig starts a server from the configuration file Generate
 // writes (what docker compose's NATS runs with) and checks the same.
 func TestGeneratedConfig(t *testing.T) {
-	ids, err := Generate(t.TempDir())
+	store := filepath.Join(t.TempDir(), "jetstream")
+	ids, err := Generate(t.TempDir(), store)
 	if err != nil {
 		t.Fatal(err)
 	}
 	opts, err := server.ProcessConfigFile(filepath.Join(ids.Dir, ServerDir, ConfigFile))
 	if err != nil {
 		t.Fatalf("NATS cannot read the generated %s: %v", ConfigFile, err)
+	}
+	if !opts.JetStream || opts.StoreDir != store {
+		t.Errorf("the generated %s runs JetStream %v in %q; want it on, in %s", ConfigFile, opts.JetStream, opts.StoreDir, store)
 	}
 	opts.Host, opts.Port, opts.NoSigs, opts.NoLog = "127.0.0.1", server.RANDOM_PORT, true, true
 	ns, err := server.NewServer(opts)
@@ -71,6 +75,23 @@ func TestGeneratedConfig(t *testing.T) {
 		t.Fatal("server from the generated config did not start")
 	}
 	checkRoles(t, ns.ClientURL(), ids)
+	checkJetStream(t, ns.ClientURL(), ids)
+}
+
+// TestGeneratedConfigWithoutJetStream: no store directory, no JetStream
+// (and nothing else changes).
+func TestGeneratedConfigWithoutJetStream(t *testing.T) {
+	ids, err := Generate(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join(ids.Dir, ServerDir, ConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.JetStream || len(opts.Nkeys) != len(control.Roles) {
+		t.Errorf("JetStream %v, %d users; want off and one user per role", opts.JetStream, len(opts.Nkeys))
+	}
 }
 
 func checkRoles(t *testing.T, url string, s *Identities) {
