@@ -151,6 +151,9 @@ type cluster struct {
 	// dialCreds are the credentials the harness dials c.addr() with (the
 	// readiness check); nil: plaintext.
 	dialCreds credentials.TransportCredentials
+	// pin, when set, is the CPU list (taskset -c) every mesh process runs
+	// on, all of its threads, for benchmarks that give the mesh one core.
+	pin string
 }
 
 func newCluster(t *testing.T, mode string) *cluster {
@@ -226,6 +229,9 @@ func (c *cluster) start(name string, args ...string) *proc {
 	c.metrics[name] = maddr
 	args = append(args, "--metrics-addr", maddr)
 	cmd := exec.Command(path, args...)
+	if c.pin != "" {
+		cmd = exec.Command("taskset", append([]string{"-c", c.pin, path}, args...)...)
+	}
 	cmd.Env = append(os.Environ(),
 		"RECMESH_BUNDLE="+c.bundle,
 		"RECMESH_SEGMENT="+c.segment,

@@ -1,0 +1,290 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/recmesh/recmesh/model"
+	pb "github.com/recmesh/recmesh/proto/inference"
+	"github.com/recmesh/recmesh/proto/oip"
+	"github.com/recmesh/recmesh/proto/updates"
+)
+
+// benchUpdatesEnv runs TestBenchUpdates (make bench-updates), on the
+// bundle benchUpdatesBundleEnv names.
+const (
+	benchUpdatesEnv       = "RECMESH_BENCH_UPDATES"
+	benchUpdatesBundleEnv = "RECMESH_BENCH_UPDATES_BUNDLE"
+	benchUpdatesRateEnv   = "RECMESH_BENCH_UPDATES_ROWS_PER_S"
+	benchUpdatesSecsEnv   = "RECMESH_BENCH_UPDATES_SECONDS"
+)
+
+// closedLoop is clients callers each sending reqs in turn until stop,
+// keeping the latency of every call that succeeded.
+type closedLoop struct {
+	mu     sync.Mutex
+	lat    []time.Duration
+	calls  atomic.Int64
+	failed atomic.Int64
+	errs   map[string]int // failed calls by status code
+}
+
+func (l *closedLoop) codes() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.errs)
+}
+
+func (l *closedLoop) window() (calls int64, lat []time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lat, l.lat = l.lat, nil
+	return l.calls.Swap(0), lat
+}
+
+func p99(lat []time.Duration) time.Duration {
+	if len(lat) == 0 {
+		return 0
+	}
+	slices.Sort(lat)
+	return lat[min(len(lat)-1, len(lat)*99/100)]
+}
+
+// TestBenchUpdates measures row updates against serving, as the issue
+// sets the targets: the mesh pinned to one core on the 3.2 GB hostbound
+// tables, closed-loop load at B_req 16, first without updates, then with
+// a trainer publishing at the target rate. It prints
+//
+//	bench-updates: rows_per_s=<applied> target_rows_per_s=<r> base_ex_per_s=<x> updates_ex_per_s=<y> serving_loss_pct=<l> base_p99_ms=<p> updates_p99_ms=<q> visible_p99_ms=<v>
+func TestBenchUpdates(t *testing.T) {
+	if os.Getenv(benchUpdatesEnv) == "" {
+		t.Skip("make bench-updates runs this (" + benchUpdatesEnv + "=1)")
+	}
+	if _, err := exec.LookPath("taskset"); err != nil {
+		t.Fatalf("taskset (util-linux) pins the mesh to one core: %v", err)
+	}
+	bundle := os.Getenv(benchUpdatesBundleEnv)
+	if bundle == "" {
+		t.Fatalf("set %s to the hostbound bundle (make bench-updates does)", benchUpdatesBundleEnv)
+	}
+	rate := envInt(benchUpdatesRateEnv, 250000)
+	seconds := envInt(benchUpdatesSecsEnv, 15)
+	b, err := model.Open(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.Config
+	b.Close()
+	modelID := cfg.ID()
+	subject, err := updates.RowsSubject(modelID)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	mode := os.Getenv("RECMESH_BENCH_UPDATES_MODE") // the embedder's --batch-mode
+	if mode == "" {
+		mode = "slo"
+	}
+	c := newCluster(t, mode)
+	c.bundle, err = filepath.Abs(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.pin = "0" // the mesh on CPU 0; this process, NATS and the load on the rest
+	natsSrv := startJetStreamServer(t)
+	c.natsURL = natsSrv.url()
+	nc, err := nats.Connect(c.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Bounded: the bench needs no replay, and a minute at the target rate
+	// is gigabytes.
+	if _, err := js.CreateStream(context.Background(), updates.StreamConfig(1<<30)); err != nil {
+		t.Fatal(err)
+	}
+	c.startMesh(2)
+
+	const perRequest, clients = 16, 4
+	var reqs []*pb.ModelInferRequest
+	for i := range 64 {
+		dense, sparse := model.RandomInputs(cfg, uint64(500+i), perRequest)
+		r, err := oip.BuildRequest("dlrm", cfg, dense, sparse, perRequest, oip.TypeINT32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, r)
+	}
+	loop := &closedLoop{errs: map[string]int{}}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for cl := range clients {
+		wg.Go(func() {
+			conn, err := grpc.NewClient(c.addr(), c.dialOption())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close()
+			client := pb.NewGRPCInferenceServiceClient(conn)
+			for k := cl; ; k += clients {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_, err := client.ModelInfer(ctx, reqs[k%len(reqs)])
+				cancel()
+				if err != nil {
+					loop.failed.Add(1)
+					loop.mu.Lock()
+					loop.errs[status.Code(err).String()]++
+					loop.mu.Unlock()
+					continue
+				}
+				took := time.Since(start)
+				loop.mu.Lock()
+				loop.lat = append(loop.lat, took)
+				loop.mu.Unlock()
+				loop.calls.Add(1)
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	// Warm up, then the baseline.
+	time.Sleep(5 * time.Second)
+	loop.window()
+	profile(t, c.metrics["embedder"], seconds-1, ".base")
+	time.Sleep(time.Duration(seconds) * time.Second)
+	baseCalls, baseLat := loop.window()
+	baseRate := float64(baseCalls*perRequest) / float64(seconds)
+
+	// The trainer's messages, encoded once: a rate of hundreds of
+	// thousands of rows must measure the embedder, not this process.
+	rng := rand.New(rand.NewPCG(3, 45))
+	var msgs [][]byte
+	for range 32 {
+		rows := make([]updates.Row, updates.MaxRows)
+		for i := range rows {
+			tb := rng.IntN(len(cfg.VocabSizes))
+			v := make([]float32, cfg.EmbeddingDim)
+			for j := range v {
+				v[j] = float32(rng.Float64()*0.1 - 0.05)
+			}
+			rows[i] = updates.Row{Table: tb, ID: rng.IntN(cfg.VocabSizes[tb]), Values: v}
+		}
+		m, err := updates.Append(nil, cfg.EmbeddingDim, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, m)
+	}
+	vis := watchVisibility(js, modelID)
+	defer vis.close()
+	trainerStop := make(chan struct{})
+	trainerDone := make(chan struct{})
+	go func() {
+		defer close(trainerDone)
+		tick := time.Duration(float64(time.Second) * updates.MaxRows / float64(rate))
+		next := time.Now()
+		var pending []jetstream.PubAckFuture
+		for k := 0; ; k++ {
+			select {
+			case <-trainerStop:
+				return
+			case <-time.After(time.Until(next)):
+			}
+			next = next.Add(tick)
+			at := time.Now()
+			f, err := js.PublishAsync(subject, msgs[k%len(msgs)])
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			pending = append(pending, f)
+			// Collect acknowledged sequences without blocking the pace.
+			keep := pending[:0]
+			for _, f := range pending {
+				select {
+				case ack := <-f.Ok():
+					vis.published(ack.Sequence, at)
+				case err := <-f.Err():
+					t.Error(err)
+				default:
+					keep = append(keep, f)
+				}
+			}
+			pending = keep
+		}
+	}()
+	before := embedderUpdates(t, nc)
+	startUpd := time.Now()
+	loop.window()
+	profile(t, c.metrics["embedder"], seconds-1, "")
+	time.Sleep(time.Duration(seconds) * time.Second)
+	updCalls, updLat := loop.window()
+	after := embedderUpdates(t, nc)
+	elapsed := time.Since(startUpd)
+	close(trainerStop)
+	<-trainerDone
+	vis.close()
+
+	updRate := float64(updCalls*perRequest) / float64(seconds)
+	rowsPerS := float64(after.Rows-before.Rows) / elapsed.Seconds()
+	loss := 100 * (1 - updRate/baseRate)
+	visP99, _ := vis.p99()
+	// Calls the mesh sheds (slo mode refuses what cannot meet its latency
+	// target) are part of the figures, not a failure of the bench.
+	if n := loop.failed.Load(); n != 0 {
+		t.Logf("%d calls failed or were shed: %v", n, loop.codes())
+	}
+	if after.Refused != 0 {
+		t.Errorf("the embedder refused %d of the trainer's messages", after.Refused)
+	}
+	fmt.Printf("bench-updates: rows_per_s=%.0f target_rows_per_s=%d base_ex_per_s=%.0f updates_ex_per_s=%.0f serving_loss_pct=%.1f base_p99_ms=%.2f updates_p99_ms=%.2f visible_p99_ms=%.1f failed_calls=%d\n",
+		rowsPerS, rate, baseRate, updRate, loss, float64(p99(baseLat))/1e6, float64(p99(updLat))/1e6, float64(visP99)/1e6, loop.failed.Load())
+}
+
+// profile keeps the embedder's CPU profile of the next seconds in
+// RECMESH_BENCH_UPDATES_PROFILE+suffix when that is set (with
+// RECMESH_PPROF=true, which the mesh processes inherit).
+func profile(t *testing.T, addr string, seconds int, suffix string) {
+	out := os.Getenv("RECMESH_BENCH_UPDATES_PROFILE")
+	if out == "" {
+		return
+	}
+	go func() {
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds))
+		if err != nil {
+			t.Log(err)
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		_ = os.WriteFile(out+suffix, b, 0o644)
+	}()
+}

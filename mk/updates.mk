@@ -1,0 +1,40 @@
+# updates.mk — fresh embeddings while serving (docs/design.md, Row updates):
+#
+#   make e2e-updates   the real mesh on an int8 model under closed-loop
+#                      load, a trainer streaming row updates over NATS
+#                      JetStream for UPDATES_SECONDS (60) at UPDATES_RATE
+#                      rows/s (20,000), bad updates among them, the embedder
+#                      SIGKILLed mid-stream and then everything, NATS
+#                      included; every score checked against a reference
+#                      that applies the same updates. Ends with the
+#                      `updates ok:` line.
+#
+# Included by the root Makefile; CI runs a short form.
+
+.PHONY: e2e-updates
+UPDATES_SECONDS ?= 60
+UPDATES_RATE    ?= 20000
+
+e2e-updates: deps
+	RECMESH_E2E_UPDATES=1 RECMESH_E2E_UPDATES_SECONDS=$(UPDATES_SECONDS) RECMESH_E2E_UPDATES_ROWS_PER_S=$(UPDATES_RATE) \
+		$(GO) test -count=1 -timeout 20m -run 'TestE2EUpdates$$' -v ./cli/e2e/ > $(DEPS)/e2e-updates.log 2>&1 || { \
+		grep -E '^\s*(--- |updates_test.go:[0-9]+: )' $(DEPS)/e2e-updates.log; tail -n 40 $(DEPS)/e2e-updates.log; \
+		echo "e2e-updates: failed (whole log in .deps/e2e-updates.log)"; exit 1; }
+	@grep -E '^\s*(--- |updates_test.go:[0-9]+: load)' $(DEPS)/e2e-updates.log || true
+	@grep '^updates ok:' $(DEPS)/e2e-updates.log
+
+# bench-updates: row updates against serving, as #45 sets the targets: the
+# mesh pinned to one core on the 3.2 GB hostbound tables, closed-loop
+# B_req 16, BENCH_UPDATES_SECONDS (15) without and then with a trainer
+# publishing BENCH_UPDATES_RATE rows/s (250,000). Ends with the
+# `bench-updates:` line.
+.PHONY: bench-updates
+BENCH_UPDATES_RATE    ?= 250000
+BENCH_UPDATES_SECONDS ?= 15
+
+bench-updates: deps build $(HOSTBOUND_BUNDLE)/model.safetensors
+	RECMESH_BENCH_UPDATES=1 RECMESH_BENCH_UPDATES_BUNDLE=$(HOSTBOUND_BUNDLE) \
+		RECMESH_BENCH_UPDATES_ROWS_PER_S=$(BENCH_UPDATES_RATE) RECMESH_BENCH_UPDATES_SECONDS=$(BENCH_UPDATES_SECONDS) \
+		$(GO) test -count=1 -timeout 20m -run 'TestBenchUpdates$$' -v ./cli/e2e/ > $(DEPS)/bench-updates.log 2>&1 || { \
+		tail -n 40 $(DEPS)/bench-updates.log; echo "bench-updates: failed (whole log in .deps/bench-updates.log)"; exit 1; }
+	@grep '^bench-updates:' $(DEPS)/bench-updates.log
