@@ -581,6 +581,33 @@ func TestE2EUpdates(t *testing.T) {
 		replayIdentical = "yes"
 	}
 
+	// A snapshot folds the updates into a bundle, and a rollout of it
+	// starts the stream there: the same tables, nothing left to replay.
+	snapReq, _ := json.Marshal(control.SnapshotRequest{Out: "snapshot"})
+	m, err := nc.Request(control.SubjectSnapshot, snapReq, 2*time.Minute)
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	var snap control.SnapshotReply
+	if err := json.Unmarshal(m.Data, &snap); err != nil || snap.Error != "" {
+		t.Fatalf("snapshot: %v %s", err, snap.Error)
+	}
+	if snap.UpdatesSeq < last {
+		t.Errorf("snapshot holds updates up to %d, the stream's last is %d", snap.UpdatesSeq, last)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := control.Call(ctx, nc, control.SubjectModelLoad, control.LoadRequest{Bundle: snap.Bundle}); err != nil {
+		t.Fatalf("rollout of the snapshot: %v", err)
+	}
+	waitFor(t, time.Minute, "the embedder to follow the snapshot's stream position", func() bool {
+		u := embedderUpdates(t, nc)
+		return u.Base == snap.UpdatesSeq && u.CaughtUp
+	})
+	if h := tablesHash(t, nc); h != hashBefore {
+		t.Errorf("the rolled-out snapshot's tables hash to %s, the served ones to %s", h, hashBefore)
+	}
+
 	vis.close()
 	st := embedderUpdates(t, nc)
 	p99, visibleN := vis.p99()
