@@ -29,8 +29,8 @@ FROM ${RUNTIME_IMAGE}
 RUN groupadd --system --gid 65532 nonroot \
     && useradd --system --uid 65532 --gid 65532 --home-dir /home/nonroot --create-home \
        --shell /usr/sbin/nologin nonroot \
-    && mkdir -p /data /nats/server /nats/embedder /nats/accelerator /nats/frontend /nats/admin \
-    && chown 65532:65532 /data /nats/server /nats/embedder /nats/accelerator /nats/frontend /nats/admin
+    && mkdir -p /data /nats/server /nats/embedder /nats/accelerator /nats/frontend /nats/trainer /nats/admin \
+    && chown 65532:65532 /data /nats/server /nats/embedder /nats/accelerator /nats/frontend /nats/trainer /nats/admin
 COPY --from=build /out/embedder /out/recmesh /usr/local/bin/
 USER 65532:65532
 # The binaries bind /metrics and /healthz to 127.0.0.1 by default; in a
