@@ -25,16 +25,18 @@ e2e-updates: deps
 
 # bench-updates: row updates against serving, as #45 sets the targets: the
 # mesh pinned to one core on the 3.2 GB hostbound tables, closed-loop
-# B_req 16, BENCH_UPDATES_SECONDS (15) without and then with a trainer
-# publishing BENCH_UPDATES_RATE rows/s (250,000). Ends with the
+# B_req 16 from BENCH_UPDATES_CLIENTS (4) clients, BENCH_UPDATES_SECONDS
+# (15) without and then with a trainer publishing BENCH_UPDATES_RATE rows/s (250,000). Ends with the
 # `bench-updates:` line.
 .PHONY: bench-updates
 BENCH_UPDATES_RATE    ?= 250000
 BENCH_UPDATES_SECONDS ?= 15
+BENCH_UPDATES_CLIENTS ?= 4
 
 bench-updates: deps build $(HOSTBOUND_BUNDLE)/model.safetensors
 	RECMESH_BENCH_UPDATES=1 RECMESH_BENCH_UPDATES_BUNDLE=$(HOSTBOUND_BUNDLE) \
 		RECMESH_BENCH_UPDATES_ROWS_PER_S=$(BENCH_UPDATES_RATE) RECMESH_BENCH_UPDATES_SECONDS=$(BENCH_UPDATES_SECONDS) \
+		RECMESH_BENCH_UPDATES_CLIENTS=$(BENCH_UPDATES_CLIENTS) \
 		$(GO) test -count=1 -timeout 20m -run 'TestBenchUpdates$$' -v ./cli/e2e/ > $(DEPS)/bench-updates.log 2>&1 || { \
 		tail -n 40 $(DEPS)/bench-updates.log; echo "bench-updates: failed (whole log in .deps/bench-updates.log)"; exit 1; }
 	@grep '^bench-updates:' $(DEPS)/bench-updates.log

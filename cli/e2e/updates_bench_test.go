@@ -32,10 +32,11 @@ import (
 // benchUpdatesEnv runs TestBenchUpdates (make bench-updates), on the
 // bundle benchUpdatesBundleEnv names.
 const (
-	benchUpdatesEnv       = "RECMESH_BENCH_UPDATES"
-	benchUpdatesBundleEnv = "RECMESH_BENCH_UPDATES_BUNDLE"
-	benchUpdatesRateEnv   = "RECMESH_BENCH_UPDATES_ROWS_PER_S"
-	benchUpdatesSecsEnv   = "RECMESH_BENCH_UPDATES_SECONDS"
+	benchUpdatesEnv        = "RECMESH_BENCH_UPDATES"
+	benchUpdatesBundleEnv  = "RECMESH_BENCH_UPDATES_BUNDLE"
+	benchUpdatesRateEnv    = "RECMESH_BENCH_UPDATES_ROWS_PER_S"
+	benchUpdatesSecsEnv    = "RECMESH_BENCH_UPDATES_SECONDS"
+	benchUpdatesClientsEnv = "RECMESH_BENCH_UPDATES_CLIENTS"
 )
 
 // closedLoop is clients callers each sending reqs in turn until stop,
@@ -141,7 +142,8 @@ func TestBenchUpdates(t *testing.T) {
 	}
 	c.startMesh(2)
 
-	const perRequest, clients = 16, 4
+	const perRequest = 16
+	clients := envInt(benchUpdatesClientsEnv, 4)
 	var reqs []*pb.ModelInferRequest
 	for i := range 64 {
 		dense, sparse := model.RandomInputs(cfg, uint64(500+i), perRequest)

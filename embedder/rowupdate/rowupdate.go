@@ -48,6 +48,14 @@ type Options struct {
 // less.
 const RecordEvery = time.Second
 
+// yieldAfter is how long the consumer applies a backlog before it lets
+// the lookups run; waited is how long Next must take to count as the
+// backlog having drained.
+const (
+	yieldAfter = 2 * time.Millisecond
+	waited     = 50 * time.Microsecond
+)
+
 // retryMax bounds the wait between attempts to reach the stream.
 const retryMax = 5 * time.Second
 
@@ -260,8 +268,13 @@ func (c *Consumer) consume(ctx context.Context, t target) error {
 		it.Stop()
 	}()
 	last := time.Now()
+	busy := last // since when messages came without waiting
 	for {
+		asked := time.Now()
 		msg, err := it.Next()
+		if got := time.Now(); got.Sub(asked) > waited {
+			busy = got
+		}
 		if err != nil {
 			select {
 			case why := <-stopped:
@@ -273,9 +286,16 @@ func (c *Consumer) consume(ctx context.Context, t target) error {
 			return fmt.Errorf("consumer %s: %w", name, err)
 		}
 		c.handle(msg)
-		// Serving first: on a core shared with lookups, let any that
-		// waited for this message run before the next one.
-		runtime.Gosched()
+		// On a core shared with lookups, a backlog is applied in slices
+		// of at most yieldAfter, so lookups that became runnable meanwhile
+		// wait no longer than that. Yielding after every message instead
+		// let the consumer fall behind for good once the core was busy:
+		// each yield queued it behind every runnable lookup, and the
+		// updates' visibility grew with the backlog.
+		if time.Since(busy) >= yieldAfter {
+			runtime.Gosched()
+			busy = time.Now()
+		}
 		if time.Since(last) >= RecordEvery {
 			c.record()
 			last = time.Now()
