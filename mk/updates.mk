@@ -26,8 +26,8 @@ e2e-updates: deps
 # bench-updates: row updates against serving, as #45 sets the targets: the
 # mesh pinned to one core on the 3.2 GB hostbound tables, closed-loop
 # B_req 16 from BENCH_UPDATES_CLIENTS (4) clients, BENCH_UPDATES_SECONDS
-# (15) without and then with a trainer publishing BENCH_UPDATES_RATE rows/s (250,000). Ends with the
-# `bench-updates:` line.
+# (15) without and then with a trainer publishing BENCH_UPDATES_RATE rows/s
+# (250,000). Ends with the `bench-updates:` line.
 .PHONY: bench-updates
 BENCH_UPDATES_RATE    ?= 250000
 BENCH_UPDATES_SECONDS ?= 15
