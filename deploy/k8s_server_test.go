@@ -31,6 +31,10 @@ import (
 // as built from their Go modules (make k8s-server-test builds them).
 const k8sBinEnv = "RECMESH_K8S_BIN"
 
+// k8sRecmeshEnv names the recmesh binary, whose nats-identities writes the
+// Secrets the manifests mount.
+const k8sRecmeshEnv = "RECMESH_K8S_RECMESH"
+
 // TestK8sServer applies every kustomization to a real API server (etcd and
 // kube-apiserver, Pod Security admission on, as every cluster has it) and
 // fails on anything the server refuses or warns about:
@@ -50,12 +54,17 @@ func TestK8sServer(t *testing.T) {
 	if bin == "" {
 		t.Skip("make k8s-server-test runs this (" + k8sBinEnv + " names the built etcd, kube-apiserver and kubectl)")
 	}
+	recmesh := os.Getenv(k8sRecmeshEnv)
+	if recmesh == "" {
+		t.Fatalf("%s must name the recmesh binary (make k8s-server-test sets it)", k8sRecmeshEnv)
+	}
 	for _, c := range []string{"etcd", "kube-apiserver", "kubectl"} {
 		if _, err := os.Stat(filepath.Join(bin, c)); err != nil {
 			t.Fatalf("%s: %v (make k8s-server-test builds it)", c, err)
 		}
 	}
 	api := startAPIServer(t, bin)
+	api.recmesh = recmesh
 	var version struct {
 		Server struct {
 			GitVersion string `json:"gitVersion"`
@@ -72,6 +81,7 @@ func TestK8sServer(t *testing.T) {
 	out := api.kubectl(t, nil, "apply", "-k", filepath.Join(k8sDir, "base"))
 	t.Logf("kubectl apply -k %s/base:\n%s", k8sDir, out)
 	api.applied += strings.Count(strings.TrimSpace(out), "\n") + 1
+	api.secrets(t, "recmesh")
 	api.checkPods(t, build(t, "base"), "recmesh")
 
 	for _, v := range k8sVariants {
@@ -79,6 +89,7 @@ func TestK8sServer(t *testing.T) {
 			ns := "recmesh-" + strings.ReplaceAll(strings.TrimPrefix(v.dir, "overlays/"), "/", "-")
 			r := build(t, v.dir)
 			api.apply(t, r, ns)
+			api.secrets(t, ns)
 			api.checkPods(t, r, ns)
 		})
 	}
@@ -92,6 +103,7 @@ func TestK8sServer(t *testing.T) {
 // administrator.
 type apiServer struct {
 	bin        string
+	recmesh    string
 	kubeconfig string
 	applied    int // objects created
 	pods       int // Pods admitted by --dry-run=server
@@ -164,6 +176,19 @@ func (a *apiServer) apply(t *testing.T, r *rendered, ns string) {
 	a.applied += len(docs)
 }
 
+// secrets creates the NATS identities' Secrets in ns as the docs say:
+// recmesh nats-identities --kubernetes-secrets, then kubectl apply.
+func (a *apiServer) secrets(t *testing.T, ns string) {
+	t.Helper()
+	dir := t.TempDir()
+	out, err := exec.Command(a.recmesh, "nats-identities", "--out", dir, "--kubernetes-secrets", ns).CombinedOutput()
+	if err != nil {
+		t.Fatalf("recmesh nats-identities: %v\n%s", err, out)
+	}
+	res := a.kubectl(t, nil, "apply", "--validate=strict", "-f", filepath.Join(dir, "kubernetes-secrets.json"))
+	a.applied += strings.Count(strings.TrimSpace(res), "\n") + 1
+}
+
 // checkPods creates, with --dry-run=server, a Pod from every Deployment's
 // template in namespace ns: refused if it breaks the namespace's Pod
 // Security level or the Pod API's rules.
@@ -180,6 +205,11 @@ func (a *apiServer) checkPods(t *testing.T, r *rendered, ns string) {
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 			ObjectMeta: metav1.ObjectMeta{Name: name + "-check", Namespace: ns, Labels: d.Spec.Template.Labels, Annotations: d.Spec.Template.Annotations},
 			Spec:       d.Spec.Template.Spec,
+		}
+		for _, v := range pod.Spec.Volumes {
+			if v.Secret != nil {
+				a.kubectl(t, nil, "get", "secret", v.Secret.SecretName, "--namespace", ns)
+			}
 		}
 		b, err := yaml.Marshal(pod)
 		if err != nil {

@@ -655,3 +655,64 @@ func checkFrontendDeployment(t *testing.T, r *rendered) {
 		t.Error("the recmesh namespace does not allow hostPath volumes (pod-security enforce=privileged)")
 	}
 }
+
+// TestK8sNATSClosed: NATS runs with the configuration recmesh
+// nats-identities writes, from its Secret, and every recmesh container
+// mounts its own role's Secret alone, read-only, and names the seed in
+// NATS_NKEY, in every variant.
+func TestK8sNATSClosed(t *testing.T) {
+	for _, v := range k8sVariants {
+		r := build(t, v.dir)
+		// secrets maps a container to the Secrets it mounts.
+		secrets := func(spec *corev1.PodSpec, c *corev1.Container) []string {
+			var out []string
+			for _, m := range c.VolumeMounts {
+				vol := volume(spec, m.Name)
+				if vol == nil || vol.Secret == nil {
+					continue
+				}
+				out = append(out, vol.Secret.SecretName)
+				if !m.ReadOnly {
+					t.Errorf("%s: %s mounts Secret %s read-write", v.dir, c.Name, vol.Secret.SecretName)
+				}
+				if mode := vol.Secret.DefaultMode; mode == nil || *mode&0o007 != 0 {
+					t.Errorf("%s: Secret volume %s has mode %v; want none for others", v.dir, vol.Name, mode)
+				}
+			}
+			return out
+		}
+		n := r.deployments["nats"]
+		if n == nil {
+			t.Fatalf("%s: no nats Deployment", v.dir)
+		}
+		nc := container(&n.Spec.Template.Spec, "nats")
+		if !slices.Contains(nc.Command, "-c") || !slices.Contains(nc.Command, "/nats/server/auth.conf") {
+			t.Errorf("%s: nats command %v; want -c /nats/server/auth.conf", v.dir, nc.Command)
+		}
+		if got := secrets(&n.Spec.Template.Spec, nc); !slices.Equal(got, []string{"recmesh-nats-server"}) {
+			t.Errorf("%s: nats mounts Secrets %v; want recmesh-nats-server", v.dir, got)
+		}
+		seen := map[string]bool{}
+		for _, d := range r.deployments {
+			spec := &d.Spec.Template.Spec
+			for i := range spec.Containers {
+				c := &spec.Containers[i]
+				if !slices.Contains(Processes, c.Name) {
+					continue
+				}
+				seen[c.Name] = true
+				if got, want := secrets(spec, c), []string{"recmesh-nats-" + c.Name}; !slices.Equal(got, want) {
+					t.Errorf("%s: %s/%s mounts Secrets %v; want %v", v.dir, d.Name, c.Name, got, want)
+				}
+				if got, _ := r.containerEnv(c, "NATS_NKEY"); got != "/nats/"+c.Name+"/"+c.Name+".nk" {
+					t.Errorf("%s: %s/%s NATS_NKEY=%q", v.dir, d.Name, c.Name, got)
+				}
+			}
+		}
+		for _, p := range Processes {
+			if !seen[p] {
+				t.Errorf("%s: no %s container", v.dir, p)
+			}
+		}
+	}
+}

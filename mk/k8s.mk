@@ -9,9 +9,11 @@
 #   make k8s-server-test   etcd and kube-apiserver started with their own
 #                          certificates, Pod Security admission on; every
 #                          kustomization applied (the base with
-#                          `kubectl apply -k`) and a Pod of every Deployment
-#                          created with --dry-run=server; any refusal or
-#                          warning fails it
+#                          `kubectl apply -k`) with the NATS identities'
+#                          Secrets from `recmesh nats-identities
+#                          --kubernetes-secrets`, and a Pod of every
+#                          Deployment created with --dry-run=server; any
+#                          refusal, warning or missing Secret fails it
 #
 # Included by the root Makefile; CI runs k8s-server-test.
 
@@ -27,8 +29,8 @@ k8s-bin:
 		tail -n 40 $(DEPS)/k8s-bin.log; echo "k8s-bin: failed (whole log in .deps/k8s-bin.log)"; exit 1; }
 	@grep '^build-k8s:' $(DEPS)/k8s-bin.log || echo "k8s-bin: etcd, kube-apiserver and kubectl already in $(K8S_BIN)"
 
-k8s-server-test: k8s-bin
-	cd deploy && RECMESH_K8S_BIN=$(K8S_BIN) $(GO) test -count=1 -timeout 15m -run '^TestK8sServer$$' -v . > $(DEPS)/k8s-server-test.log 2>&1 || { \
+k8s-server-test: k8s-bin build
+	cd deploy && RECMESH_K8S_BIN=$(K8S_BIN) RECMESH_K8S_RECMESH=$(BIN)/recmesh $(GO) test -count=1 -timeout 15m -run '^TestK8sServer$$' -v . > $(DEPS)/k8s-server-test.log 2>&1 || { \
 		grep -E '^\s*(--- |k8s_server_test.go:[0-9]+: )' $(DEPS)/k8s-server-test.log; tail -n 60 $(DEPS)/k8s-server-test.log; \
 		echo "k8s-server-test: failed (whole log in .deps/k8s-server-test.log)"; exit 1; }
 	@grep -E '^\s*--- ' $(DEPS)/k8s-server-test.log

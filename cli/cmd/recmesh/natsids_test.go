@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,5 +62,74 @@ func TestNATSIdentities(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(bare, "server", "auth.conf")); strings.Contains(string(b), "jetstream") || !strings.Contains(string(b), "# trainer") {
 		t.Errorf("--jetstream-dir '': auth.conf\n%s", b)
+	}
+}
+
+// TestNATSIdentitiesKubernetesSecrets: each role's seed in a Secret of its
+// own, byte for byte, and the server's configuration in another.
+func TestNATSIdentitiesKubernetesSecrets(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "nats")
+	if code, _, stderr := runT(t, nil, "nats-identities", "--out", dir, "--kubernetes-secrets", "Not_A_Namespace"); code != exitUsage || !strings.Contains(stderr, "not a namespace name") {
+		t.Errorf("bad namespace: exit %d, %q", code, stderr)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Error("a refused namespace still generated identities")
+	}
+	code, stdout, stderr := runT(t, nil, "nats-identities", "--out", dir, "--kubernetes-secrets", "recmesh")
+	if code != exitOK || !strings.Contains(stdout, "kubectl apply -f") {
+		t.Fatalf("exit %d: %s%s", code, stdout, stderr)
+	}
+	path := filepath.Join(dir, "kubernetes-secrets.json")
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s is %v; want 0600", path, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Kind  string
+		Items []struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string
+			Metadata   struct{ Name, Namespace string }
+			Data       map[string][]byte
+		}
+	}
+	if err := json.Unmarshal(b, &list); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"recmesh-nats-server": filepath.Join(dir, "server", "auth.conf")}
+	for _, role := range []string{"embedder", "accelerator", "frontend", "trainer", "admin"} {
+		want["recmesh-nats-"+role] = filepath.Join(dir, role, role+".nk")
+	}
+	if list.Kind != "List" || len(list.Items) != len(want) {
+		t.Fatalf("kind %q with %d items; want a List of %d", list.Kind, len(list.Items), len(want))
+	}
+	for _, it := range list.Items {
+		file, ok := want[it.Metadata.Name]
+		if !ok || it.APIVersion != "v1" || it.Kind != "Secret" || it.Metadata.Namespace != "recmesh" {
+			t.Errorf("unexpected %s %s/%s %s", it.APIVersion, it.Metadata.Namespace, it.Metadata.Name, it.Kind)
+			continue
+		}
+		src, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(it.Data) != 1 || string(it.Data[filepath.Base(file)]) != string(src) {
+			t.Errorf("%s holds %d keys; want %s alone, equal to the file", it.Metadata.Name, len(it.Data), filepath.Base(file))
+		}
+		delete(want, it.Metadata.Name)
+	}
+	// A second run keeps the identities and writes the same Secrets.
+	if code, _, _ := runT(t, nil, "nats-identities", "--out", dir, "--kubernetes-secrets", "recmesh"); code != exitOK {
+		t.Fatalf("second run: exit %d", code)
+	}
+	if again, _ := os.ReadFile(path); string(again) != string(b) {
+		t.Error("a second run wrote other Secrets")
 	}
 }
