@@ -23,7 +23,9 @@ func init() {
 func runStatus(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	natsURL := fs.String("nats-url", "", "NATS server (env NATS_URL)")
-	wait := fs.Duration("wait", 500*time.Millisecond, "how long to collect answers")
+	// Not --wait: that is update push's and update dense's switch, and
+	// every flag's environment twin (RECMESH_WAIT) is shared.
+	collect := fs.Duration("collect", 500*time.Millisecond, "how long to collect answers")
 	asJSON := fs.Bool("json", false, "print the answers as JSON")
 	if err := parseFlags(fs, args, e); err != nil {
 		return err
@@ -39,7 +41,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	sts, err := control.Gather(ctx, nc, *wait)
+	sts, err := control.Gather(ctx, nc, *collect)
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
@@ -55,7 +57,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		return enc.Encode(sts)
 	}
 	if len(sts) == 0 {
-		return fmt.Errorf("status: no recmesh process answered on %s within %v", *natsURL, *wait)
+		return fmt.Errorf("status: no recmesh process answered on %s within %v", *natsURL, *collect)
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "SERVICE\tPID\tSTATE\tREADY\tGENERATION\tLANES\tQUEUE\tDETAIL")
