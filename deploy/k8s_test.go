@@ -42,6 +42,7 @@ var k8sVariants = []struct {
 	{"overlays/hugepages", "HugePages-2Mi", false, false},
 	{"overlays/cuda", "Memory", true, false},
 	{"overlays/frontend-deployment", "hostPath", false, true},
+	{"overlays/frontend-queue-hpa", "hostPath", false, true},
 }
 
 // strictDecoder decodes manifests into the Kubernetes API types, failing
@@ -713,6 +714,32 @@ func TestK8sNATSClosed(t *testing.T) {
 			if !seen[p] {
 				t.Errorf("%s: no %s container", v.dir, p)
 			}
+		}
+	}
+}
+
+// TestK8sQueueTimeHPA: the queue-time component scales the frontends on a
+// per-pod metric derived from counters the frontends export, and only
+// that.
+func TestK8sQueueTimeHPA(t *testing.T) {
+	r := build(t, "overlays/frontend-queue-hpa")
+	if len(r.hpas) != 1 {
+		t.Fatalf("%d HPAs; want 1", len(r.hpas))
+	}
+	m := r.hpas[0].Spec.Metrics
+	if len(m) != 1 || m[0].Type != autoscalingv2.PodsMetricSourceType || m[0].Pods == nil {
+		t.Fatalf("HPA metrics %+v; want one Pods metric", m)
+	}
+	if got := m[0].Pods.Metric.Name; got != "recmesh_frontend_queue_us_per_request" {
+		t.Errorf("HPA metric %q", got)
+	}
+	if v := m[0].Pods.Target.AverageValue; v == nil || v.Sign() <= 0 {
+		t.Errorf("HPA target %+v; want a positive average value", m[0].Pods.Target)
+	}
+	// The adapter rule (docs/deployment.md) divides these two counters.
+	for _, name := range []string{"nv_inference_queue_duration_us", "nv_inference_count"} {
+		if !slices.ContainsFunc(Metrics, func(d Metric) bool { return d.Name == name && slices.Contains(d.Processes, Frontend) }) {
+			t.Errorf("the frontends do not export %s", name)
 		}
 	}
 }
