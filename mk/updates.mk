@@ -21,6 +21,7 @@ e2e-updates: deps
 		grep -E '^\s*(--- |updates_test.go:[0-9]+: )' $(DEPS)/e2e-updates.log; tail -n 40 $(DEPS)/e2e-updates.log; \
 		echo "e2e-updates: failed (whole log in .deps/e2e-updates.log)"; exit 1; }
 	@grep -E '^\s*(--- |updates_test.go:[0-9]+: load)' $(DEPS)/e2e-updates.log || true
+	@grep '^updates restart:' $(DEPS)/e2e-updates.log || true
 	@grep '^updates ok:' $(DEPS)/e2e-updates.log
 
 # bench-updates: row updates against serving, as #45 sets the targets: the

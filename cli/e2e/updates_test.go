@@ -540,8 +540,13 @@ func TestE2EUpdates(t *testing.T) {
 	updRate := float64(ok.Load()-okAtStart) / time.Since(streamStart).Seconds()
 	inWindow.Store(true)
 	c.kill("embedder", syscall.SIGKILL)
+	killedAt := time.Now()
 	c.start("embedder")
 	c.waitServing(3 * time.Minute)
+	midstreamResume := time.Since(killedAt)
+	// What the restarted embedder replayed before it served, and a little
+	// it applied after.
+	replayed := embedderUpdates(t, nc).Rows
 	time.Sleep(time.Second) // the frontends' retries of the window drain
 	inWindow.Store(false)
 	time.Sleep(time.Duration(seconds) * time.Second / 4)
@@ -561,8 +566,14 @@ func TestE2EUpdates(t *testing.T) {
 	// the same tables.
 	inWindow.Store(true)
 	c.kill("embedder", syscall.SIGKILL)
+	killedAt = time.Now()
 	c.start("embedder")
 	c.waitServing(3 * time.Minute)
+	quietResume := time.Since(killedAt)
+	// #45's restart target: serving resumes within a plain restart plus
+	// the replay. Figures, not a timed assertion: the machine is shared.
+	fmt.Printf("updates restart: midstream_resume_ms=%d midstream_replayed_rows=%d quiet_resume_ms=%d\n",
+		midstreamResume.Milliseconds(), replayed, quietResume.Milliseconds())
 	if h := tablesHash(t, nc); h != hashBefore {
 		t.Fatalf("tables after the embedder's restart hash to %s, before it %s", h, hashBefore)
 	}
