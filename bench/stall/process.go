@@ -26,10 +26,12 @@ const ProbeCommand = "stall-probe"
 const ReadyTimeout = time.Minute
 
 // readyLine is what a probe process prints once it can watch at once;
-// beginLine is what its parent writes to begin the window.
+// beginLine, with the window's first instant in Unix nanoseconds, is what
+// its parent writes to begin the window (the probe may read it late: that
+// lateness is a stall it must count).
 const (
 	readyLine = "ready\n"
-	beginLine = "begin\n"
+	beginLine = "begin %d\n"
 )
 
 // Process is a probe running in a process of its own: its real-time thread
@@ -110,7 +112,7 @@ func (p *Process) waitReady(timeout time.Duration) error {
 
 // Begin starts the probe's window.
 func (p *Process) Begin() error {
-	if _, err := io.WriteString(p.stdin, beginLine); err != nil {
+	if _, err := fmt.Fprintf(p.stdin, beginLine, time.Now().UnixNano()); err != nil {
 		return fmt.Errorf("stall: begin probe %v: %w", p.cmd.Args[1:], err)
 	}
 	return nil
@@ -171,11 +173,16 @@ func serve(opts Options, in io.Reader, out io.Writer) error {
 	// The probe's thread holds a P through its raw sleeps: give the
 	// goroutine that watches in, and the memory probe, their own.
 	runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 3))
-	begin, stop := make(chan struct{}), make(chan struct{})
+	begin, stop := make(chan time.Time, 1), make(chan struct{})
 	go func() {
 		r := bufio.NewReader(in)
-		if _, err := r.ReadString('\n'); err == nil {
-			close(begin)
+		if line, err := r.ReadString('\n'); err == nil {
+			var ns int64
+			if _, err := fmt.Sscanf(line, beginLine, &ns); err == nil {
+				begin <- time.Unix(0, ns)
+			} else {
+				begin <- time.Now() // a parent that sends no instant
+			}
 			_, _ = io.Copy(io.Discard, r)
 		}
 		close(stop)

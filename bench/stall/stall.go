@@ -79,8 +79,13 @@ type Report struct {
 	// LateOver1ms and LateOver10ms count wake-ups later than that.
 	LateOver1ms  int64 `json:"late_over_1ms"`
 	LateOver10ms int64 `json:"late_over_10ms"`
+	// LateMs is the sum of every wake-up's delay: the window is covered
+	// by Wakeups periods plus LateMs, so a probe kept off its CPU for
+	// most of the window still accounts for all of it.
+	LateMs float64 `json:"late_ms"`
 	// StealPct is the CPU's steal time over the window, in percent of the
-	// CPU's accounted time; -1 when /proc/stat could not be read.
+	// CPU's accounted time; -1 when /proc/stat could not be read or
+	// counted no tick while the probe ran.
 	StealPct float64 `json:"steal_pct"`
 	// Compute is what the compute-speed probe saw (compute.go).
 	Compute *ComputeReport `json:"compute,omitempty"`
@@ -106,16 +111,22 @@ func (r *Report) String() string {
 }
 
 // Run sets a probe up on its CPU, calls ready (when not nil) once it can
-// watch at once, waits for begin to close, and probes until stop closes;
-// it returns what it saw between begin and stop. A stop before begin
-// ends it with an empty report. Set-up (pinning, priority, the memory
-// probe's buffer) can take a while on a loaded machine: the split lets a
-// benchmark start the probe before its measured window and begin it on
-// the window's first instant. Run locks the calling goroutine to its
+// watch at once, waits for the window's first instant on begin, and
+// probes until stop closes; it returns what it saw between that instant
+// and stop. A stop before begin ends it with an empty report. Set-up
+// (pinning, priority, the memory probe's buffer) can take a while on a
+// loaded machine: the split lets a benchmark start the probe before its
+// measured window and begin it on the window's first instant.
+//
+// The window starts at the instant received, not when the probe hears of
+// it: a probe kept off its CPU when the window began (the stall it is
+// there to see) counts that time as its first wake-up's delay, and it
+// wakes up at least once in a window even when stop came meanwhile. A
+// begin closed without a value starts the window when it is seen. Run locks the calling goroutine to its
 // thread for good (the thread is pinned and may be real-time, so the
 // runtime must not reuse it): call it on a goroutine of its own, in a
 // process with nothing else latency-sensitive to do.
-func Run(opts Options, ready func(), begin, stop <-chan struct{}) (*Report, error) {
+func Run(opts Options, ready func(), begin <-chan time.Time, stop <-chan struct{}) (*Report, error) {
 	if opts.Period <= 0 {
 		opts.Period = DefaultPeriod
 	}
@@ -142,42 +153,62 @@ func Run(opts Options, ready func(), begin, stop <-chan struct{}) (*Report, erro
 		err error
 	}
 	var memDone chan memResult
+	// The memory probe watches the span the wake-ups do.
+	memBegin, memStop := make(chan struct{}), make(chan struct{})
 	if opts.MemoryMiB > 0 {
 		memDone = make(chan memResult, 1)
 		memReady := make(chan struct{})
 		go func() {
-			r, err := runMemory(opts.CPU, opts.MemoryMiB, MemoryInterval, memReady, begin, stop)
+			r, err := runMemory(opts.CPU, opts.MemoryMiB, MemoryInterval, memReady, memBegin, memStop)
 			memDone <- memResult{r, err}
 		}()
 		select {
 		case <-memReady:
 		case m := <-memDone: // it returns before ready only on an error
+			close(memStop)
 			return nil, m.err
 		}
 	}
 	if ready != nil {
 		ready()
 	}
+	// When begin and stop are both there (the probe was kept from running
+	// through the whole window), the window still happened: begin wins.
+	var start time.Time
 	began := true
 	select {
-	case <-begin:
-	case <-stop:
-		began = false
+	case start = <-begin:
+	default:
+		select {
+		case start = <-begin:
+		case <-stop:
+			select {
+			case start = <-begin:
+			default:
+				began = false
+			}
+		}
+	}
+	if start.IsZero() {
+		start = time.Now()
+	}
+	if began {
+		close(memBegin)
 	}
 
 	r := &Report{CPU: opts.CPU, RealTime: realtime, PeriodMs: float64(opts.Period) / float64(time.Millisecond)}
 	steal0, total0, statErr := readSteal(opts.ProcRoot, opts.CPU)
-	start := time.Now()
-	var maxLate time.Duration
+	var maxLate, lateSum time.Duration
 	deadline := start.Add(opts.Period)
 	var (
 		computeNs []float64
 		sink      uint64 // each kernel's result seeds the next: none is dead code
 	)
-	for began && !stopped.Load() {
+	for began {
 		sleepUntil(deadline)
 		now := time.Now()
-		late := now.Sub(deadline)
+		late := max(now.Sub(deadline), 0)
+		lateSum += late
 		r.Wakeups++
 		if r.Wakeups%computeEvery == 0 {
 			d, v := timeCompute(sink)
@@ -193,10 +224,15 @@ func Run(opts Options, ready func(), begin, stop <-chan struct{}) (*Report, erro
 		// After a stall, the next deadline is a period from now: the
 		// missed ones would only count the same stall again.
 		deadline = now.Add(opts.Period)
+		if stopped.Load() {
+			break
+		}
 	}
 	if began {
 		r.WallS = time.Since(start).Seconds()
 	}
+	r.LateMs = float64(lateSum) / float64(time.Millisecond)
+	close(memStop)
 	r.Compute = summarizeCompute(computeNs)
 	r.MaxDelayMs = float64(maxLate) / float64(time.Millisecond)
 	r.StealPct = -1

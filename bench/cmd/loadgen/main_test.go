@@ -124,9 +124,14 @@ func TestRunWatchesStalls(t *testing.T) {
 			t.Fatalf("run %d: %d stall reports, want %d", r.Repeat, len(r.Stalls), len(want))
 		}
 		for i, st := range r.Stalls {
-			// 1 ms wake-ups over a 0.4 s window: hundreds, unless the
-			// machine is very busy.
-			if st == nil || st.CPU != want[i] || st.Wakeups < 50 || st.WallS < 0.35 || st.StealPct < 0 {
+			// 1 ms wake-ups over a 0.4 s window: hundreds, or fewer with
+			// delays that make up the window on a busy machine; steal -1
+			// when the probe ran too briefly for /proc/stat to tick.
+			if st == nil {
+				t.Fatalf("run %d: no stall report of CPU %d", r.Repeat, want[i])
+			}
+			covered := float64(st.Wakeups)*st.PeriodMs + st.LateMs
+			if st.CPU != want[i] || st.Wakeups < 1 || st.WallS < 0.35 || covered < 0.9*st.WallS*1000-5 || st.StealPct < -1 {
 				t.Errorf("run %d: stalls of CPU %d: %+v", r.Repeat, want[i], st)
 			}
 			if last := i == len(want)-1; last != (st.Memory != nil) || last && (st.Memory.Bursts < 1 || st.Memory.BufferMiB != 4) {

@@ -84,7 +84,7 @@ func TestMeasureWatchesStalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range p.Runs {
-		if len(r.Stalls) != 1 || r.Stalls[0] == nil || r.Stalls[0].CPU != cpu || r.Stalls[0].Wakeups < 20 {
+		if len(r.Stalls) != 1 || r.Stalls[0] == nil || r.Stalls[0].CPU != cpu || r.Stalls[0].Wakeups < 1 || r.Stalls[0].WallS < 0.29 {
 			t.Fatalf("run %d: stall reports %+v, want one of CPU %d with its wake-ups", r.Repeat, r.Stalls, cpu)
 		}
 	}
