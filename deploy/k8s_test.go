@@ -283,8 +283,13 @@ func checkWorkloads(t *testing.T, r *rendered) {
 					t.Errorf("%s: envFrom ConfigMap %s does not exist", where, ef.ConfigMapRef.Name)
 				}
 			}
+			// An image without a tag is :latest, which no one builds: the
+			// kubelet would pull it (make k8s-test found one an overlay
+			// added outside the base's images: transformer).
 			if c.Image == "" {
 				t.Errorf("%s: no image", where)
+			} else if _, tag, ok := strings.Cut(c.Image[strings.LastIndex(c.Image, "/")+1:], ":"); !ok || tag == "" || tag == "latest" {
+				t.Errorf("%s: image %q has no tag (the kustomization's images: must cover it)", where, c.Image)
 			}
 			if init {
 				continue
