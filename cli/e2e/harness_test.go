@@ -133,7 +133,10 @@ type cluster struct {
 	bundle  string
 	segment string
 	port    int
-	mode    string
+	// host is where the mesh answers when not on this machine's loopback
+	// (TestK8s: the Service's cluster IP); empty: 127.0.0.1.
+	host string
+	mode string
 	// latencyTarget is the embedder's --latency-target (slo mode), empty
 	// for its default.
 	latencyTarget string
@@ -197,7 +200,12 @@ func freePort(t *testing.T) int {
 	}
 }
 
-func (c *cluster) addr() string { return "127.0.0.1:" + strconv.Itoa(c.port) }
+func (c *cluster) addr() string {
+	if c.host != "" {
+		return net.JoinHostPort(c.host, strconv.Itoa(c.port))
+	}
+	return "127.0.0.1:" + strconv.Itoa(c.port)
+}
 
 // dialOption is how the harness reaches c.addr(): c.dialCreds, or
 // plaintext when they are nil.
