@@ -64,7 +64,7 @@ k8s-node-packages:
 
 ## k8s-test: the node is stopped whatever the outcome; its logs stay in
 ## .deps/k8s-node/logs.
-k8s-test: k8s-node-bin k8s-node-packages build images
+k8s-test: deps k8s-node-bin k8s-node-packages build images
 	@rc=0; export K8S_BIN=$(K8S_BIN) COREDNS=$(COREDNS_BIN); \
 	deploy/local/k8s-node.sh start $(K8S_NODE_STATE) && deploy/local/k8s-node.sh import $(K8S_NODE_STATE) $(K8S_IMAGES) && \
 	KUBECONFIG=$(K8S_NODE_STATE)/pki/admin.kubeconfig RECMESH_K8S_TEST=1 RECMESH_K8S_KUBECTL=$(K8S_BIN)/kubectl \
