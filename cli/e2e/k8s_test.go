@@ -26,23 +26,23 @@ import (
 )
 
 // TestK8s runs deploy/k8s on a real one-node cluster (make k8s-test starts
-// it: deploy/local/k8s-node.sh builds nothing, it runs etcd, the control
-// plane, containerd, the kubelet, kube-proxy and CoreDNS from the binaries
-// make k8s-node-bin built, and imports the images make images built). The
-// frontend-deployment overlay is applied with `kubectl apply -k`, under
-// the Pod Security level its Namespace enforces, with the NATS identities'
-// Secrets; then, under closed-loop load through the Service's cluster IP,
-// every answer checked against the reference of the bundle the pod wrote:
+// it with deploy/local/k8s-node.sh and imports the images make images
+// built). Each kustomization is applied with `kubectl apply -k`, with the
+// NATS identities' Secrets, under the Pod Security level its Namespace
+// enforces (a refused pod fails the test); then, under closed-loop load
+// through the Service's cluster IP, every answer checked against the
+// reference of the bundle the serving pod wrote:
 //
-//   - every pod ready through its own probes, and Triton's client scoring
-//     through the Service;
-//   - the frontend Deployment scaled 1 → 4 → 1 with kubectl scale, and a
-//     rolling update of it (a changed annotation): no call may fail;
-//   - a model rollout through the control plane (a snapshot of the served
-//     tables written by the embedder, then loaded): no call may fail;
-//   - the accelerator's container SIGKILLed, then the serving pod
-//     deleted: calls fail only inside those windows and only with the
-//     defined codes, and the mesh serves again by itself.
+//   - the base (restricted): every pod ready through its own probes,
+//     Triton's client scoring through the Service; a model rollout through
+//     the control plane (a snapshot of the served tables written by the
+//     embedder, then loaded) with no failed call; the accelerator's
+//     container SIGKILLed, then the serving pod deleted: calls fail only
+//     inside those windows and only with the defined codes, and the mesh
+//     serves again by itself;
+//   - overlays/frontend-deployment: the frontend Deployment scaled
+//     1 → 4 → 1 with kubectl scale, then a rolling update of it (a changed
+//     annotation): no call may fail.
 //
 // It ends with the `k8s ok:` line. Environment: RECMESH_K8S_TEST=1 turns it
 // on; KUBECONFIG the cluster; RECMESH_K8S_KUBECTL kubectl;
@@ -72,14 +72,14 @@ func TestK8s(t *testing.T) {
 		}
 		k.deleteNamespace()
 	})
-	k.kubectl(nil, "create", "namespace", k.ns)
-	k.kubectl(nil, "apply", "-f", filepath.Join(ids, "kubernetes-secrets.json"))
-	k.kubectl(nil, "apply", "-k", k8sOverlay(t, root))
-	k.waitAvailable(15 * time.Minute)
-	podsReady := k.readyPods()
-	t.Logf("up: server %s, %d nodes, %d pods ready", serverVersion, nodes, podsReady)
 
-	// The reference is the bundle the serving pod's init container wrote.
+	// 1. The base, under the restricted Pod Security level its Namespace
+	// enforces: up, a model rollout, the accelerator and the serving pod
+	// killed.
+	base := k.up(t, root, ids, "base")
+	if level := k.kubectl(nil, "get", "namespace", k.ns, "-o", `jsonpath={.metadata.labels.pod-security\.kubernetes\.io/enforce}`); level != "restricted" {
+		t.Fatalf("the base's namespace enforces Pod Security level %q, want restricted", level)
+	}
 	bundle := filepath.Join(t.TempDir(), "bundle")
 	k.kubectl(nil, "cp", "-c", "embedder", k.ns+"/"+k.pod("serving")+":/data/dlrm-cap1000", bundle)
 	w, err := buildWorkload(bundle)
@@ -87,35 +87,13 @@ func TestK8s(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := k.clusterIP("recmesh")
-	addr := svc + ":8001"
-	tritonCheck(t, py, root, bundle, w.cfg, addr)
-
+	tritonCheck(t, py, root, bundle, w.cfg, svc+":8001")
 	load := startK8sLoad(t, &cluster{t: t, host: svc, port: 8001}, w, 4)
 	load.waitCalls(t, 200, 2*time.Minute)
 
-	// Scale 1 → 4 → 1 and roll the frontends: no call may fail.
-	k.scaleFrontends(4)
-	load.waitCalls(t, 300, 2*time.Minute)
-	k.scaleFrontends(1)
-	load.waitCalls(t, 300, 2*time.Minute)
-	scaled := load.snapshot()
-	t.Logf("scale 1 → 4 → 1: %s", scaled)
-	if scaled.failed != 0 {
-		t.Errorf("scaling the frontends failed %d calls; want none: %v", scaled.failed, scaled.codes)
-	}
-	k.kubectl(nil, "patch", "deployment", "recmesh-frontend", "--type", "merge", "-p",
-		fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"recmesh.io/test-rollout":%q}}}}}`, time.Now().Format(time.RFC3339Nano)))
-	k.kubectl(nil, "rollout", "status", "deployment/recmesh-frontend", "--timeout=5m")
-	load.waitCalls(t, 300, 2*time.Minute)
-	afterRoll := load.snapshot()
-	rolled := afterRoll.since(scaled)
-	t.Logf("rolling update of the frontends: %s", rolled)
-	if rolled.failed != 0 {
-		t.Errorf("the frontends' rolling update failed %d calls; want none: %v", rolled.failed, rolled.codes)
-	}
-
 	// A model rollout through the control plane: the embedder writes a
 	// snapshot of what it serves into its model root, then loads it.
+	before := load.snapshot()
 	natsEnv := []string{"NATS_URL=nats://" + k.clusterIP("nats") + ":4222", "NATS_NKEY=" + filepath.Join(ids, "admin", "admin.nk")}
 	out := k.recmesh(natsEnv, "model", "snapshot", "--out", "snapshot-"+strconv.FormatInt(time.Now().Unix(), 10))
 	snap, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimSpace(out), "snapshot: bundle="), " ")
@@ -125,7 +103,7 @@ func TestK8s(t *testing.T) {
 	out = k.recmesh(natsEnv, "model", "load", snap)
 	modelRollout := strings.Contains(out, "serving as generation")
 	load.waitCalls(t, 300, 2*time.Minute)
-	rollout := load.snapshot().since(afterRoll)
+	rollout := load.snapshot().since(before)
 	t.Logf("model rollout (%s): %s", strings.TrimSpace(out), rollout)
 	if rollout.failed != 0 || !modelRollout {
 		t.Errorf("the model rollout failed %d calls (%v); want none and a new generation: %s", rollout.failed, rollout.codes, out)
@@ -133,7 +111,7 @@ func TestK8s(t *testing.T) {
 
 	// The accelerator killed, then the serving pod deleted: failures only
 	// inside those windows, with the defined codes, and serving again.
-	before := load.snapshot()
+	before = load.snapshot()
 	load.win.set(true)
 	k.killContainer(k.pod("serving"), "accelerator")
 	k.waitAvailable(5 * time.Minute)
@@ -155,19 +133,64 @@ func TestK8s(t *testing.T) {
 		t.Errorf("after the kills: %d failures outside the windows, %d with undefined codes, %d wrong; want none: %v",
 			killed.outside, killed.undefined, killed.wrong, killed.codes)
 	}
+	first := load.snapshot()
+	k.deleteNamespace()
 
-	all := load.snapshot()
-	if all.wrong != 0 {
-		t.Errorf("%d calls answered with wrong scores", all.wrong)
+	// 2. The frontend-deployment overlay (privileged: the segment is a
+	// hostPath), its frontends scaled 1 → 4 → 1 and rolled: no call may
+	// fail. The same bundle (seeded), so the same reference.
+	fd := k.up(t, root, ids, "overlays/frontend-deployment")
+	svc = k.clusterIP("recmesh")
+	tritonCheck(t, py, root, bundle, w.cfg, svc+":8001")
+	load = startK8sLoad(t, &cluster{t: t, host: svc, port: 8001}, w, 4)
+	load.waitCalls(t, 200, 2*time.Minute)
+	k.scaleFrontends(4)
+	load.waitCalls(t, 300, 2*time.Minute)
+	k.scaleFrontends(1)
+	load.waitCalls(t, 300, 2*time.Minute)
+	scaled := load.snapshot()
+	t.Logf("scale 1 → 4 → 1: %s", scaled)
+	if scaled.failed != 0 {
+		t.Errorf("scaling the frontends failed %d calls; want none: %v", scaled.failed, scaled.codes)
 	}
-	failedOutside := all.outside
+	k.kubectl(nil, "patch", "deployment", "recmesh-frontend", "--type", "merge", "-p",
+		fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"recmesh.io/test-rollout":%q}}}}}`, time.Now().Format(time.RFC3339Nano)))
+	k.kubectl(nil, "rollout", "status", "deployment/recmesh-frontend", "--timeout=5m")
+	load.waitCalls(t, 300, 2*time.Minute)
+	load.stop()
+	rolled := load.snapshot().since(scaled)
+	t.Logf("rolling update of the frontends: %s", rolled)
+	if rolled.failed != 0 {
+		t.Errorf("the frontends' rolling update failed %d calls; want none: %v", rolled.failed, rolled.codes)
+	}
+	second := load.snapshot()
+
+	wrong := first.wrong + second.wrong
+	if wrong != 0 {
+		t.Errorf("%d calls answered with wrong scores", wrong)
+	}
 	line := fmt.Sprintf("k8s ok: server=%s nodes=%d pods_ready=%d requests=%d failed_calls=%d scaled=1-4-1 rollout_failed_calls=%d pod_kill_recovered=%s model_rollout=%s",
-		serverVersion, nodes, podsReady, all.calls, failedOutside, rolled.failed, yesNo(recovered), yesNo(modelRollout && rollout.failed == 0))
+		serverVersion, nodes, base+fd, first.calls+second.calls, first.outside+second.failed, rolled.failed,
+		yesNo(recovered), yesNo(modelRollout && rollout.failed == 0))
 	if t.Failed() {
 		t.Errorf("not ok: %s", strings.TrimPrefix(line, "k8s ok: "))
 		return
 	}
 	fmt.Println(line)
+}
+
+// up applies a kustomization of deploy/k8s (variant: base or an overlay)
+// into the empty namespace with the identities' Secrets, waits until every
+// pod is ready, and returns how many are.
+func (k *kube) up(t *testing.T, root, ids, variant string) int {
+	t.Helper()
+	k.kubectl(nil, "create", "namespace", k.ns)
+	k.kubectl(nil, "apply", "-f", filepath.Join(ids, "kubernetes-secrets.json"))
+	k.kubectl(nil, "apply", "-k", k8sOverlay(t, root, variant))
+	k.waitAvailable(15 * time.Minute)
+	n := k.readyPods()
+	t.Logf("%s up: %d pods ready", variant, n)
+	return n
 }
 
 func yesNo(b bool) string {
@@ -184,11 +207,11 @@ func yesNo(b bool) string {
 // bench measures latency), and CPU requests are scaled down so that a
 // serving pod and four frontends fit: the scheduler would leave them
 // Pending otherwise, as it should on a node that small.
-func k8sOverlay(t *testing.T, root string) string {
+func k8sOverlay(t *testing.T, root, variant string) string {
 	t.Helper()
 	dir := t.TempDir()
 	// kustomize takes a resource directory by a relative path only.
-	overlay, err := filepath.Rel(dir, filepath.Join(root, "deploy", "k8s", "overlays", "frontend-deployment"))
+	overlay, err := filepath.Rel(dir, filepath.Join(root, "deploy", "k8s", variant))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +239,9 @@ patches:
               - {name: embedder, resources: {requests: {cpu: 300m}}}
               - {name: accelerator, resources: {requests: {cpu: 200m}}}
               - {name: frontend, resources: {requests: {cpu: 100m}}}
-  - patch: |-
+`, overlay)
+	if variant != "base" {
+		k += `  - patch: |-
       apiVersion: apps/v1
       kind: Deployment
       metadata: {name: recmesh-frontend, namespace: recmesh}
@@ -227,7 +252,8 @@ patches:
               - {name: bundle, resources: {requests: {cpu: 100m}}}
             containers:
               - {name: frontend, resources: {requests: {cpu: 100m}}}
-`, overlay)
+`
+	}
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -334,16 +360,28 @@ func (k *kube) pod(component string) string {
 }
 
 // waitAvailable waits until every Deployment has all its replicas updated
-// and available and every pod of the namespace is ready.
+// and available and every pod of the namespace is ready. A pod the API
+// server refuses (Pod Security, quota) fails the test at once, with the
+// reason its ReplicaSet records.
 func (k *kube) waitAvailable(timeout time.Duration) {
 	k.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for _, d := range strings.Fields(k.kubectl(nil, "get", "deployments", "-o", "jsonpath={.items[*].metadata.name}")) {
-		left := time.Until(deadline).Round(time.Second)
-		k.kubectl(nil, "rollout", "status", "deployment/"+d, "--timeout="+left.String())
+		for {
+			if _, err := k.run(time.Minute, nil, k.kubectlPath, "-n", k.ns, "rollout", "status", "deployment/"+d, "--timeout=10s"); err == nil {
+				break
+			}
+			refused := k.kubectl(nil, "get", "replicasets", "-o", `jsonpath={range .items[*]}{.status.conditions[?(@.type=="ReplicaFailure")].message}{"\n"}{end}`)
+			if r := strings.TrimSpace(refused); r != "" {
+				k.t.Fatalf("deployment %s: a pod was refused: %s", d, r)
+			}
+			if time.Now().After(deadline) {
+				k.t.Fatalf("deployment %s not available within %v", d, timeout)
+			}
+		}
 	}
 	left := time.Until(deadline).Round(time.Second)
-	k.kubectl(nil, "wait", "--for=condition=Ready", "pods", "--all", "--timeout="+left.String())
+	k.kubectl(nil, "wait", "--for=condition=Ready", "pods", "--all", "--timeout="+max(left, time.Second).String())
 }
 
 // waitReplaced waits until a running pod of component other than old is
