@@ -324,6 +324,12 @@ start() {
 	# The bridge before the first pod, so CoreDNS can bind its address.
 	ip link show cni0 >/dev/null 2>&1 || { ip link add cni0 type bridge && ip addr add "$POD_GW/24" dev cni0; }
 	ip link set cni0 up
+	# Cluster IPs stay on the node: one kube-proxy has no rule for at that
+	# instant (a Service between endpoints) fails here, instead of leaving
+	# by the default route for whatever answers there (this machine's
+	# egress proxy answers any address with HTTP 404). kube-proxy's DNAT
+	# still reroutes the rest to their pods.
+	ip route replace "$SERVICE_CIDR" dev cni0
 
 	launch etcd "$K8S_BIN/etcd" --name node --data-dir "$S/etcd" \
 		--listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
