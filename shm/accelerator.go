@@ -35,7 +35,7 @@ func (s *Segment) SetAccelerator(pid int, exec ...ExecEstimate) error {
 	}
 	cur := atomic.LoadUint32(s.accelPid)
 	if cur != 0 && cur != uint32(pid) && atomic.LoadUint32(s.accelState) == accelRunning &&
-		s.peerAlive(cur, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), 0) == nil {
+		s.peerAlive(cur, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), 0, linkAccel) == nil {
 		return fmt.Errorf("shm: %s: %w: pid %d", s.path, ErrAcceleratorPresent, cur)
 	}
 	if !atomic.CompareAndSwapUint32(s.accelPid, cur, uint32(pid)) {
@@ -88,7 +88,7 @@ func (s *Segment) AcceleratorAlive(staleAfter time.Duration) error {
 		return fmt.Errorf("shm: %s: %w: accelerator state %d", s.path, ErrCorrupt, st)
 	}
 	pid := atomic.LoadUint32(s.accelPid)
-	if err := s.peerAlive(pid, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), staleAfter); err != nil {
+	if err := s.peerAlive(pid, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), staleAfter, linkAccel); err != nil {
 		return fmt.Errorf("shm: %s: %w: pid %d %v", s.path, ErrAcceleratorDead, pid, err)
 	}
 	return nil

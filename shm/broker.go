@@ -178,6 +178,7 @@ func (b *broker) serveConn(bc *brokerConn) {
 	defer func() {
 		b.mu.Lock()
 		delete(b.accel, bc)
+		b.publishAccelLinked()
 		b.mu.Unlock()
 		b.connMu.Lock()
 		delete(b.conns, bc)
@@ -424,7 +425,7 @@ func (b *broker) grantAccel(bc *brokerConn, m wireMsg) {
 		}
 	}
 	cur := atomic.LoadUint32(s.accelPid)
-	if cur != 0 && running && s.peerAlive(cur, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), 0) == nil {
+	if cur != 0 && running && s.peerAlive(cur, atomic.LoadUint64(s.accelPidNS), atomic.LoadUint64(s.accelHB), 0, linkAccel) == nil {
 		_ = bc.c.send(refuse(fmt.Errorf("%w: pid %d", ErrAcceleratorPresent, cur)))
 		return
 	}
@@ -449,6 +450,17 @@ func (b *broker) grantAccel(bc *brokerConn, m wireMsg) {
 		}
 	}
 	b.accel[bc] = true
+	b.publishAccelLinked()
+}
+
+// publishAccelLinked tells every peer whether an accelerator's connection
+// is open (hdrAccelLinked). Call with b.mu held, after the set changed.
+func (b *broker) publishAccelLinked() {
+	var linked uint32
+	if len(b.accel) > 0 {
+		linked = 1
+	}
+	atomic.StoreUint32(word32(b.s.mem, hdrAccelLinked), linked)
 }
 
 // mapLane maps lane i's memfd read-write over the lane's two places.

@@ -44,7 +44,11 @@
 // (CLOCK_MONOTONIC ns) and record their pid and pid namespace. A peer in the
 // same pid namespace is dead as soon as its pid has exited (or is a zombie)
 // and, if alive, after DefaultHungAfter without a beat; a peer in another
-// namespace is judged by its heartbeat alone (DefaultStaleAfter). A frontend
+// namespace is judged by its heartbeat (DefaultStaleAfter), but while the
+// kernel holds its broker connection open (the owner's, as each attacher
+// sees its own; the accelerator's, which the owner publishes) the process
+// exists, and it is judged hung only after DefaultHungAfter: a node too
+// busy starting pods to run it for a few beats must not end a generation. A frontend
 // waiting for a completion re-checks every DefaultLivenessTick, so in-flight
 // work fails within 100 ms of the embedder or accelerator dying. A clean
 // Close marks the segment closed (owner) or the accelerator detached, which

@@ -137,6 +137,11 @@ const (
 	hdrAccelState     = hdrAccel + 4
 	hdrAccelPidNS     = hdrAccel + 8
 	hdrAccelHeartbeat = hdrAccel + 16
+	// hdrAccelLinked is 1 while the broker holds an accelerator's
+	// connection open (header only; the owner writes it as the kernel
+	// reports the connection): what vouches, to a peer in another pid
+	// namespace, that the accelerator still exists (peerAlive).
+	hdrAccelLinked = hdrAccel + 24
 
 	hdrProgress     = hdrAccel + LinePair
 	hdrCompletedSeq = hdrProgress + 0

@@ -25,7 +25,7 @@ func (s *Segment) OwnerAlive(staleAfter time.Duration) error {
 	if s.owner && pid == s.pid {
 		return nil // we are the owner and we are running
 	}
-	if err := s.peerAlive(pid, get64(s.mem, hdrOwnerPidNS), atomic.LoadUint64(s.ownerHB), staleAfter); err != nil {
+	if err := s.peerAlive(pid, get64(s.mem, hdrOwnerPidNS), atomic.LoadUint64(s.ownerHB), staleAfter, linkOwner); err != nil {
 		return fmt.Errorf("shm: %s: %w: owner pid %d %v", s.path, ErrOwnerDead, pid, err)
 	}
 	return nil
@@ -43,6 +43,29 @@ func (s *Segment) PeersAlive() error {
 	return nil
 }
 
+// peerLink names the kernel-held connection, if any, that says a peer in
+// another pid namespace still exists: its pid is not ours to look up, but
+// the broker connection it holds closes when it dies.
+type peerLink uint8
+
+const (
+	linkNone  peerLink = iota // lanes: judged by their heartbeat alone
+	linkOwner                 // this attacher's own connection to the owner's broker
+	linkAccel                 // the accelerator's connection, as the owner publishes it
+)
+
+// linkOpen reports whether the kernel still holds link open. It costs a
+// syscall for linkOwner, so peerAlive asks only about a late heartbeat.
+func (s *Segment) linkOpen(link peerLink) bool {
+	switch link {
+	case linkOwner:
+		return s.cl != nil && s.cl.c.open()
+	case linkAccel:
+		return atomic.LoadUint32(word32(s.mem, hdrAccelLinked)) != 0
+	}
+	return false
+}
+
 // peerAlive applies the liveness rule to one peer. When the peer shares
 // this process's pid namespace, a pid that has exited is dead at once; a
 // live pid whose beats stopped for DefaultHungAfter is dead when the kernel
@@ -50,9 +73,14 @@ func (s *Segment) PeersAlive() error {
 // for something that will not come, so its pulse stopped the beats), and
 // otherwise (a thread runs or waits for a CPU: an overloaded host starves
 // it, it is not hung) only after DefaultStarvedAfter. A peer in another
-// namespace is judged by its heartbeat alone, with staleAfter (0: the
-// segment's value). The returned error only says why; callers wrap it.
-func (s *Segment) peerAlive(pid uint32, pidNS, heartbeat uint64, staleAfter time.Duration) error {
+// namespace is judged by its heartbeat, with staleAfter (0: the segment's
+// value), unless link says the kernel still holds its connection open: the
+// process exists, and a host too loaded to run it for a few beats (a node
+// starting pods, say) must not end a generation, so its beats may then be
+// late up to DefaultHungAfter. A killed peer's connection closes with it,
+// so staleAfter still bounds how long a dead one is believed. The
+// returned error only says why; callers wrap it.
+func (s *Segment) peerAlive(pid uint32, pidNS, heartbeat uint64, staleAfter time.Duration, link peerLink) error {
 	if staleAfter <= 0 {
 		staleAfter = s.stale
 	}
@@ -79,8 +107,14 @@ func (s *Segment) peerAlive(pid uint32, pidNS, heartbeat uint64, staleAfter time
 			return fmt.Errorf("heartbeat is %v old and it sleeps (limit %v)", age, hung)
 		}
 	}
-	if age > staleAfter || age < -staleAfter {
+	if age <= staleAfter && age >= -staleAfter {
+		return nil
+	}
+	if !s.linkOpen(link) {
 		return fmt.Errorf("heartbeat is %v old (limit %v)", age, staleAfter)
+	}
+	if hung := max(staleAfter, DefaultHungAfter); age > hung || age < -hung {
+		return fmt.Errorf("heartbeat is %v old though its connection is open (limit %v)", age, hung)
 	}
 	return nil
 }

@@ -49,7 +49,7 @@ func (s *Segment) ReclaimLanes(staleAfter time.Duration) (ReclaimStats, error) {
 		case laneFree, laneActive:
 			// Free with an owner is a claim (or fast release) in progress:
 			// judge the claimer like any owner.
-			if s.peerAlive(owner, atomic.LoadUint64(c.pidNS), atomic.LoadUint64(c.heartbeat), staleAfter) == nil {
+			if s.peerAlive(owner, atomic.LoadUint64(c.pidNS), atomic.LoadUint64(c.heartbeat), staleAfter, linkNone) == nil {
 				st.Owned++
 				continue
 			}

@@ -71,8 +71,9 @@ func TestAttachRejects(t *testing.T) {
 			atomic.StoreUint64(s.ownerHB, uint64(monoNow()-int64(DefaultStarvedAfter+time.Second)))
 		}, AttachOptions{}, ErrOwnerDead},
 		{"stale owner heartbeat, other pid namespace", func(s *Segment) {
+			// Its connection vouches it exists, but not past the hung limit.
 			put64(s.mem, hdrOwnerPidNS, s.pidNS+1)
-			atomic.StoreUint64(s.ownerHB, uint64(monoNow()-int64(200*time.Millisecond)))
+			atomic.StoreUint64(s.ownerHB, uint64(monoNow()-int64(DefaultHungAfter+time.Second)))
 		}, AttachOptions{}, ErrOwnerDead},
 		{"future owner heartbeat", func(s *Segment) {
 			atomic.StoreUint64(s.ownerHB, uint64(monoNow()+int64(time.Hour)))
@@ -227,14 +228,26 @@ func TestAcceleratorLiveness(t *testing.T) {
 	if err := see().PeersAlive(); !errors.Is(err, ErrAcceleratorDead) {
 		t.Fatalf("PeersAlive = %v, want ErrAcceleratorDead", err)
 	}
-	// Across pid namespaces the short threshold is all there is.
+	// Across pid namespaces the accelerator's open connection vouches it
+	// exists, up to the hung limit; without it the short threshold is all
+	// there is.
 	atomic.StoreUint64(acc.accelHB, uint64(monoNow()-int64(200*time.Millisecond)))
 	if err := see().AcceleratorAlive(0); err != nil {
 		t.Fatalf("a live pid 200ms behind on beats is not dead yet: %v", err)
 	}
 	atomic.StoreUint64(acc.accelPidNS, acc.pidNS+1)
+	if err := see().AcceleratorAlive(0); err != nil {
+		t.Fatalf("a connected accelerator in another pid namespace 200ms behind on beats: %v, want alive", err)
+	}
+	atomic.StoreUint64(acc.accelHB, uint64(monoNow()-int64(DefaultHungAfter+time.Second)))
 	if err := see().AcceleratorAlive(0); !errors.Is(err, ErrAcceleratorDead) {
-		t.Fatalf("stale accelerator in another pid namespace = %v, want ErrAcceleratorDead", err)
+		t.Fatalf("a connected accelerator in another pid namespace past the hung limit = %v, want ErrAcceleratorDead", err)
+	}
+	acc.cl.c.close()
+	waitFor(t, 5*time.Second, "the broker to see the accelerator's connection close", func() bool { return !fe.linkOpen(linkAccel) })
+	atomic.StoreUint64(acc.accelHB, uint64(monoNow()-int64(200*time.Millisecond)))
+	if err := see().AcceleratorAlive(0); !errors.Is(err, ErrAcceleratorDead) {
+		t.Fatalf("stale accelerator in another pid namespace, connection closed = %v, want ErrAcceleratorDead", err)
 	}
 	atomic.StoreUint64(acc.accelPidNS, acc.pidNS)
 	acc.AcceleratorBeat()

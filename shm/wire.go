@@ -107,6 +107,23 @@ func newWireConn(fd int, name string) (*wireConn, error) {
 
 func (c *wireConn) close() error { return c.f.Close() }
 
+// open reports whether the process at the other end still holds the
+// connection: the kernel hangs it up when that process exits, however it
+// dies, and no read is needed to see it (so a reader elsewhere loses
+// nothing).
+func (c *wireConn) open() bool {
+	hung := true
+	_ = c.rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		n, err := unix.Poll(p, 0)
+		hung = err == nil && n > 0 && p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+		if err != nil && err != unix.EINTR {
+			hung = true
+		}
+	})
+	return !hung
+}
+
 // peer returns the credentials of the process at the other end, as the
 // kernel recorded them at connect time.
 func (c *wireConn) peer() (*unix.Ucred, error) {
