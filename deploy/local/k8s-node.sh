@@ -41,7 +41,13 @@ HOSTIP=$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1
 HOSTIP=${HOSTIP:-127.0.0.1}
 ctr_() { ctr --address "$SOCK" -n k8s.io "$@"; }
 kubectl_() { "$K8S_BIN/kubectl" --kubeconfig "$P/admin.kubeconfig" --cache-dir "$S/kubectl-cache" "$@"; }
-alive() { [ -f "$S/pids/$1" ] && kill -0 "$(cat "$S/pids/$1")" 2>/dev/null; }
+# alive NAME: the component's recorded process runs, and is still that
+# component: a pid file left by a node the machine lost (a reboot) may
+# name a dead pid, or one reused by anything else.
+alive() {
+	[ -f "$S/pids/$1" ] || return 1
+	[ "$(cat "/proc/$(cat "$S/pids/$1")/comm" 2>/dev/null)" = "$(printf %.15s "$1")" ]
+}
 say() { echo "k8s-node: $*"; }
 die() { echo "k8s-node: $*" >&2; exit 1; }
 
@@ -65,7 +71,7 @@ wait_for() {
 		"$@" >/dev/null 2>&1 && return 0
 		for p in "$S"/pids/*; do
 			[ -e "$p" ] || continue
-			if ! kill -0 "$(cat "$p")" 2>/dev/null; then
+			if ! alive "$(basename "$p")"; then
 				tail -n 30 "$L/$(basename "$p").log" >&2
 				die "$(basename "$p") exited while waiting for $what (log $L/$(basename "$p").log)"
 			fi
@@ -299,6 +305,9 @@ start() {
 	done
 	[ -z "$(swapon --show --noheadings 2>/dev/null)" ] || say "swap is on: the kubelet runs with failSwapOn false"
 	mkdir -p "$S/pids" "$L" "$S/images" "$S/kubelet"
+	for p in "$S"/pids/*; do
+		if [ -e "$p" ] && ! alive "$(basename "$p")"; then rm -f "$p"; fi
+	done
 	# Host paths the kubelet, containerd's shims and libcni use whatever
 	# their configuration, and the frontend-deployment overlay's hostPath
 	# segment directory: remember which did not exist, for stop.
