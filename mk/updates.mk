@@ -28,7 +28,8 @@ e2e-updates: deps
 # mesh pinned to one core on the 3.2 GB hostbound tables, closed-loop
 # B_req 16 from BENCH_UPDATES_CLIENTS (4) clients, BENCH_UPDATES_SECONDS
 # (15) without and then with a trainer publishing BENCH_UPDATES_RATE rows/s
-# (250,000). Ends with the `bench-updates:` line.
+# (250,000). Prints where the mesh's core went in each window (busy
+# share, each process's CPU), then ends with the `bench-updates:` line.
 .PHONY: bench-updates
 BENCH_UPDATES_RATE    ?= 250000
 BENCH_UPDATES_SECONDS ?= 15
@@ -40,4 +41,5 @@ bench-updates: deps build $(HOSTBOUND_BUNDLE)/model.safetensors
 		RECMESH_BENCH_UPDATES_CLIENTS=$(BENCH_UPDATES_CLIENTS) \
 		$(GO) test -count=1 -timeout 20m -run 'TestBenchUpdates$$' -v ./cli/e2e/ > $(DEPS)/bench-updates.log 2>&1 || { \
 		tail -n 40 $(DEPS)/bench-updates.log; echo "bench-updates: failed (whole log in .deps/bench-updates.log)"; exit 1; }
+	@grep -E 'mesh core with(out)? updates: ' $(DEPS)/bench-updates.log | sed 's/^ *[a-z_]*_test.go:[0-9]*: //' || true
 	@grep '^bench-updates:' $(DEPS)/bench-updates.log

@@ -75,7 +75,10 @@ func p99(lat []time.Duration) time.Duration {
 // tables, closed-loop load at B_req 16, first without updates, then with
 // a trainer publishing at the target rate. It prints
 //
-//	bench-updates: rows_per_s=<applied> target_rows_per_s=<r> base_ex_per_s=<x> updates_ex_per_s=<y> serving_loss_pct=<l> base_p99_ms=<p> updates_p99_ms=<q> visible_p99_ms=<v>
+//	bench-updates: rows_per_s=<applied> target_rows_per_s=<r> base_ex_per_s=<x> updates_ex_per_s=<y> serving_loss_pct=<l> base_p99_ms=<p> updates_p99_ms=<q> visible_p99_ms=<v> failed_calls=<f> base_core_busy_pct=<b> updates_core_busy_pct=<u> base_embedder_cpu_pct=<e> updates_embedder_cpu_pct=<g>
+//
+// The last four fields say where the mesh's core went: how busy it was in
+// each window (below 100, the load left it idle) and the embedder's share.
 func TestBenchUpdates(t *testing.T) {
 	if os.Getenv(benchUpdatesEnv) == "" {
 		t.Skip("make bench-updates runs this (" + benchUpdatesEnv + "=1)")
@@ -112,7 +115,8 @@ func TestBenchUpdates(t *testing.T) {
 	}
 	// The mesh on CPU 0; this process (NATS, the trainer, the load) on the
 	// others, all of its threads, so it never takes the mesh's core.
-	c.pin = "0"
+	const meshCPU = 0
+	c.pin = strconv.Itoa(meshCPU)
 	if runtime.NumCPU() < 2 {
 		t.Fatal("bench-updates needs two CPUs: one for the mesh, one for NATS and the load")
 	}
@@ -192,12 +196,37 @@ func TestBenchUpdates(t *testing.T) {
 	}
 	defer func() { close(stop); wg.Wait() }()
 
+	// Where the mesh's core goes in each window: whether the mesh was
+	// busy at all (a closed loop with few clients leaves it idle while
+	// calls are on the client's side), and each process's share.
+	pids := map[string]int{}
+	for name, p := range c.procs {
+		pids[name] = p.cmd.Process.Pid
+	}
+	shares := func(from cpuSample) cpuShares {
+		to, err := sampleCPU(meshCPU, pids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sharesBetween(from, to)
+	}
+	sample := func() cpuSample {
+		s, err := sampleCPU(meshCPU, pids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+
 	// Warm up, then the baseline.
 	time.Sleep(5 * time.Second)
 	loop.window()
+	baseFrom := sample()
 	profile(t, c.metrics["embedder"], seconds-1, ".base")
 	time.Sleep(time.Duration(seconds) * time.Second)
 	baseCalls, baseLat := loop.window()
+	baseCPU := shares(baseFrom)
+	t.Logf("mesh core without updates: %s", baseCPU)
 	baseRate := float64(baseCalls*perRequest) / float64(seconds)
 
 	// The trainer's messages, encoded once: a rate of hundreds of
@@ -261,9 +290,12 @@ func TestBenchUpdates(t *testing.T) {
 	before := embedderUpdates(t, nc)
 	startUpd := time.Now()
 	loop.window()
+	updFrom := sample()
 	profile(t, c.metrics["embedder"], seconds-1, "")
 	time.Sleep(time.Duration(seconds) * time.Second)
 	updCalls, updLat := loop.window()
+	updCPU := shares(updFrom)
+	t.Logf("mesh core with updates: %s", updCPU)
 	after := embedderUpdates(t, nc)
 	elapsed := time.Since(startUpd)
 	close(trainerStop)
@@ -282,8 +314,9 @@ func TestBenchUpdates(t *testing.T) {
 	if after.Refused != 0 {
 		t.Errorf("the embedder refused %d of the trainer's messages", after.Refused)
 	}
-	fmt.Printf("bench-updates: rows_per_s=%.0f target_rows_per_s=%d base_ex_per_s=%.0f updates_ex_per_s=%.0f serving_loss_pct=%.1f base_p99_ms=%.2f updates_p99_ms=%.2f visible_p99_ms=%.1f failed_calls=%d\n",
-		rowsPerS, rate, baseRate, updRate, loss, float64(p99(baseLat))/1e6, float64(p99(updLat))/1e6, float64(visP99)/1e6, loop.failed.Load())
+	fmt.Printf("bench-updates: rows_per_s=%.0f target_rows_per_s=%d base_ex_per_s=%.0f updates_ex_per_s=%.0f serving_loss_pct=%.1f base_p99_ms=%.2f updates_p99_ms=%.2f visible_p99_ms=%.1f failed_calls=%d base_core_busy_pct=%.0f updates_core_busy_pct=%.0f base_embedder_cpu_pct=%.0f updates_embedder_cpu_pct=%.0f\n",
+		rowsPerS, rate, baseRate, updRate, loss, float64(p99(baseLat))/1e6, float64(p99(updLat))/1e6, float64(visP99)/1e6, loop.failed.Load(),
+		baseCPU.coreBusy, updCPU.coreBusy, baseCPU.procs["embedder"], updCPU.procs["embedder"])
 }
 
 // profile keeps the embedder's CPU profile of the next seconds in
