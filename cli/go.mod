@@ -57,6 +57,7 @@ require (
 
 require (
 	github.com/recmesh/recmesh/accelerator v0.0.0
+	github.com/recmesh/recmesh/bench v0.0.0
 	github.com/recmesh/recmesh/deploy v0.0.0
 	github.com/recmesh/recmesh/embedder v0.0.0
 	github.com/recmesh/recmesh/frontend v0.0.0
@@ -85,3 +86,5 @@ replace github.com/recmesh/recmesh/frontend => ../frontend
 replace github.com/recmesh/recmesh/shm => ../shm
 
 replace github.com/recmesh/recmesh/deploy => ../deploy
+
+replace github.com/recmesh/recmesh/bench => ../bench

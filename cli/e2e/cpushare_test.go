@@ -1,96 +1,96 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/recmesh/recmesh/bench/monitor"
 )
 
-// userHz is the unit of /proc's CPU times: USER_HZ, 100 on every Linux
-// architecture Go supports (it is part of the kernel's user ABI).
-const userHz = 100
+// coreTicks is where one core's /proc/stat counters stood: ticks not idle
+// (nor waiting on I/O), and all ticks.
+type coreTicks struct{ busy, all uint64 }
 
-// cpuSample is where the CPU time of one core and of some processes stood
-// at one instant, so two samples give each one's share of the interval.
-type cpuSample struct {
-	at        time.Time
-	busy, all uint64            // the core's ticks: not idle or iowait, and all
-	procTicks map[string]uint64 // utime+stime of each named process
-}
-
-// sampleCPU reads core cpu's counters from /proc/stat and each process's
-// from /proc/<pid>/stat. A process that cannot be read (it exited) is left
-// out.
-func sampleCPU(cpu int, pids map[string]int) (cpuSample, error) {
-	s := cpuSample{at: time.Now(), procTicks: map[string]uint64{}}
+func readCoreTicks(cpu int) (coreTicks, error) {
 	stat, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return s, fmt.Errorf("cpu sample: %w", err)
+		return coreTicks{}, fmt.Errorf("core ticks: %w", err)
 	}
 	prefix := fmt.Sprintf("cpu%d ", cpu)
 	for line := range strings.Lines(string(stat)) {
 		if !strings.HasPrefix(line, prefix) {
 			continue
 		}
+		var c coreTicks
 		// user nice system idle iowait irq softirq steal ...
-		f := strings.Fields(line)[1:]
-		for i, v := range f {
+		for i, v := range strings.Fields(line)[1:] {
 			n, err := strconv.ParseUint(v, 10, 64)
 			if err != nil {
-				return s, fmt.Errorf("cpu sample: %s field %d: %w", prefix, i, err)
+				return coreTicks{}, fmt.Errorf("core ticks: %s field %d: %w", prefix, i, err)
 			}
-			s.all += n
+			c.all += n
 			if i != 3 && i != 4 {
-				s.busy += n
+				c.busy += n
 			}
 		}
+		return c, nil
 	}
-	if s.all == 0 {
-		return s, fmt.Errorf("cpu sample: /proc/stat has no %q line", prefix)
-	}
-	for name, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// After the command name, which may hold spaces: state is field 3,
-		// utime and stime fields 14 and 15.
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) < 13 {
-			continue
-		}
-		u, err1 := strconv.ParseUint(f[11], 10, 64)
-		k, err2 := strconv.ParseUint(f[12], 10, 64)
-		if err1 == nil && err2 == nil {
-			s.procTicks[name] = u + k
-		}
-	}
-	return s, nil
+	return coreTicks{}, fmt.Errorf("core ticks: /proc/stat has no %q line", prefix)
 }
 
-// cpuShares is the interval between two samples: how busy the core was
-// and each process's CPU, in percent of one core.
+// coreWindow measures one window on one core: how busy the core was and
+// each named process's CPU (bench/monitor), in percent of one core.
+type coreWindow struct {
+	cpu   int
+	names map[int]string // pid → name
+	from  coreTicks
+	mon   *monitor.Monitor
+}
+
+func startCoreWindow(cpu int, names map[int]string) (*coreWindow, error) {
+	w := &coreWindow{cpu: cpu, names: names}
+	var err error
+	if w.from, err = readCoreTicks(cpu); err != nil {
+		return nil, err
+	}
+	pids := make([]int, 0, len(names))
+	for pid := range names {
+		pids = append(pids, pid)
+	}
+	if w.mon, err = monitor.Start(monitor.Options{PIDs: pids}); err != nil {
+		return nil, fmt.Errorf("core window: %w", err)
+	}
+	return w, nil
+}
+
+// cpuShares is what a coreWindow saw.
 type cpuShares struct {
 	coreBusy float64
 	procs    map[string]float64
 }
 
-func sharesBetween(a, b cpuSample) cpuShares {
-	sh := cpuShares{procs: map[string]float64{}}
-	if b.all > a.all {
-		sh.coreBusy = 100 * float64(b.busy-a.busy) / float64(b.all-a.all)
+func (w *coreWindow) stop() (cpuShares, error) {
+	r, err := w.mon.Stop()
+	if err != nil {
+		return cpuShares{}, fmt.Errorf("core window: %w", err)
 	}
-	secs := b.at.Sub(a.at).Seconds()
-	for name, t := range b.procTicks {
-		if t0, ok := a.procTicks[name]; ok && secs > 0 {
-			sh.procs[name] = 100 * float64(t-t0) / userHz / secs
+	to, err := readCoreTicks(w.cpu)
+	if err != nil {
+		return cpuShares{}, err
+	}
+	sh := cpuShares{procs: map[string]float64{}}
+	if to.all > w.from.all {
+		sh.coreBusy = 100 * float64(to.busy-w.from.busy) / float64(to.all-w.from.all)
+	}
+	for _, p := range r.Processes {
+		if r.WallSeconds > 0 {
+			sh.procs[w.names[p.PID]] = 100 * p.CPUSeconds / r.WallSeconds
 		}
 	}
-	return sh
+	return sh, nil
 }
 
 // String lists the core's busy share, then each process's, by name.

@@ -199,33 +199,33 @@ func TestBenchUpdates(t *testing.T) {
 	// Where the mesh's core goes in each window: whether the mesh was
 	// busy at all (a closed loop with few clients leaves it idle while
 	// calls are on the client's side), and each process's share.
-	pids := map[string]int{}
+	names := map[int]string{}
 	for name, p := range c.procs {
-		pids[name] = p.cmd.Process.Pid
+		names[p.cmd.Process.Pid] = name
 	}
-	shares := func(from cpuSample) cpuShares {
-		to, err := sampleCPU(meshCPU, pids)
+	window := func() *coreWindow {
+		w, err := startCoreWindow(meshCPU, names)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return sharesBetween(from, to)
+		return w
 	}
-	sample := func() cpuSample {
-		s, err := sampleCPU(meshCPU, pids)
+	shares := func(w *coreWindow) cpuShares {
+		sh, err := w.stop()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return s
+		return sh
 	}
 
 	// Warm up, then the baseline.
 	time.Sleep(5 * time.Second)
 	loop.window()
-	baseFrom := sample()
+	baseWin := window()
 	profile(t, c.metrics["embedder"], seconds-1, ".base")
 	time.Sleep(time.Duration(seconds) * time.Second)
 	baseCalls, baseLat := loop.window()
-	baseCPU := shares(baseFrom)
+	baseCPU := shares(baseWin)
 	t.Logf("mesh core without updates: %s", baseCPU)
 	baseRate := float64(baseCalls*perRequest) / float64(seconds)
 
@@ -290,11 +290,11 @@ func TestBenchUpdates(t *testing.T) {
 	before := embedderUpdates(t, nc)
 	startUpd := time.Now()
 	loop.window()
-	updFrom := sample()
+	updWin := window()
 	profile(t, c.metrics["embedder"], seconds-1, "")
 	time.Sleep(time.Duration(seconds) * time.Second)
 	updCalls, updLat := loop.window()
-	updCPU := shares(updFrom)
+	updCPU := shares(updWin)
 	t.Logf("mesh core with updates: %s", updCPU)
 	after := embedderUpdates(t, nc)
 	elapsed := time.Since(startUpd)
