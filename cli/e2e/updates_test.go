@@ -542,7 +542,7 @@ func TestE2EUpdates(t *testing.T) {
 	c.kill("embedder", syscall.SIGKILL)
 	killedAt := time.Now()
 	c.start("embedder")
-	c.waitServing(3 * time.Minute)
+	c.waitRestarted(nc, 2)
 	midstreamResume := time.Since(killedAt)
 	// What the restarted embedder replayed before it served, and a little
 	// it applied after.
@@ -560,7 +560,7 @@ func TestE2EUpdates(t *testing.T) {
 	streamed := time.Since(streamStart)
 	last := published.Load()
 	waitFor(t, time.Minute, "the embedder to apply the last update", func() bool { return vis.applied.Load() >= last })
-	hashBefore := tablesHash(t, nc)
+	hashBefore := tablesHash(t, nc, last)
 
 	// A second SIGKILL with the stream quiet: the replay alone must reach
 	// the same tables.
@@ -568,13 +568,13 @@ func TestE2EUpdates(t *testing.T) {
 	c.kill("embedder", syscall.SIGKILL)
 	killedAt = time.Now()
 	c.start("embedder")
-	c.waitServing(3 * time.Minute)
+	c.waitRestarted(nc, 2)
 	quietResume := time.Since(killedAt)
 	// #45's restart target: serving resumes within a plain restart plus
 	// the replay. Figures, not a timed assertion: the machine is shared.
 	fmt.Printf("updates restart: midstream_resume_ms=%d midstream_replayed_rows=%d quiet_resume_ms=%d\n",
 		midstreamResume.Milliseconds(), replayed, quietResume.Milliseconds())
-	if h := tablesHash(t, nc); h != hashBefore {
+	if h := tablesHash(t, nc, last); h != hashBefore {
 		t.Fatalf("tables after the embedder's restart hash to %s, before it %s", h, hashBefore)
 	}
 	// Then everything: the mesh and NATS itself.
@@ -585,7 +585,7 @@ func TestE2EUpdates(t *testing.T) {
 	natsSrv.stop()
 	natsSrv.start()
 	c.startMesh(2)
-	hashAfter := tablesHash(t, nc)
+	hashAfter := tablesHash(t, nc, last)
 	inWindow.Store(false)
 	replayIdentical := "no"
 	if hashAfter == hashBefore {
@@ -615,7 +615,7 @@ func TestE2EUpdates(t *testing.T) {
 		u := embedderUpdates(t, nc)
 		return u.Base == snap.UpdatesSeq && u.CaughtUp
 	})
-	if h := tablesHash(t, nc); h != hashBefore {
+	if h := tablesHash(t, nc, last); h != hashBefore {
 		t.Errorf("the rolled-out snapshot's tables hash to %s, the served ones to %s", h, hashBefore)
 	}
 
@@ -650,18 +650,52 @@ func TestE2EUpdates(t *testing.T) {
 	}
 }
 
-// tablesHash asks the embedder for its tables' hash.
-func tablesHash(t *testing.T, nc *nats.Conn) string {
+// tablesHash asks the embedder for its tables' hash once they hold the
+// updates up to sequence seq: a restarted embedder answers while it
+// replays, with the sequence its tables have reached.
+func tablesHash(t *testing.T, nc *nats.Conn, seq uint64) string {
 	t.Helper()
 	var r control.TablesHashReply
-	waitFor(t, time.Minute, "the tables' hash", func() bool {
+	waitFor(t, time.Minute, fmt.Sprintf("the tables' hash at sequence %d", seq), func() bool {
 		m, err := nc.Request(control.SubjectTablesHash, nil, 10*time.Second)
 		if err != nil {
 			return false
 		}
-		return json.Unmarshal(m.Data, &r) == nil && r.Hash != ""
+		return json.Unmarshal(m.Data, &r) == nil && r.Hash != "" && r.Applied >= seq
 	})
 	return r.Hash
+}
+
+// waitRestarted waits until the embedder just started serves again: it
+// says it is ready with its replay done, every frontend has attached to
+// its segment, and the mesh answers health checks. Waiting for the mesh
+// alone could return at once, while the frontends still call themselves
+// ready on the killed embedder's segment.
+func (c *cluster) waitRestarted(nc *nats.Conn, frontends int) {
+	c.t.Helper()
+	pid := c.procs["embedder"].cmd.Process.Pid
+	waitFor(c.t, 3*time.Minute, fmt.Sprintf("the restarted embedder (pid %d) to serve %d frontends", pid, frontends), func() bool {
+		// A short gather: a late answer only costs another round, and
+		// the resume times printed stay close to the real ones.
+		sts, err := control.Gather(context.Background(), nc, 50*time.Millisecond)
+		if err != nil {
+			return false
+		}
+		for _, s := range sts {
+			if s.Service != control.ServiceEmbedder || s.PID != pid || !s.Ready || s.Updates == nil || !s.Updates.CaughtUp {
+				continue
+			}
+			attached := 0
+			for _, l := range s.Lanes {
+				if l.Owner != 0 {
+					attached++
+				}
+			}
+			return attached >= frontends
+		}
+		return false
+	})
+	c.waitServing(3 * time.Minute)
 }
 
 // acceleratorDense is the accelerator's dense-weight status.

@@ -74,6 +74,10 @@ type Consumer struct {
 
 	follow chan target // Follow's new target, for Run
 
+	// applying is held while a message is applied and its sequence
+	// recorded, so that Hold sees tables and Applied agree.
+	applying sync.Mutex
+
 	mu       sync.Mutex
 	cur      target
 	applied  uint64
@@ -159,6 +163,16 @@ func (c *Consumer) Applied() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.applied
+}
+
+// Hold runs f while no message is being applied, with the last sequence
+// applied: what f reads of the tables is exactly their state after that
+// sequence (a hash an operator compares across a replay). Messages wait
+// while f runs, so f must be short and must not wait for the consumer.
+func (c *Consumer) Hold(f func(applied uint64)) {
+	c.applying.Lock()
+	defer c.applying.Unlock()
+	f(c.Applied())
 }
 
 // Run consumes until ctx ends, following the target Follow last set.
@@ -311,6 +325,8 @@ func (c *Consumer) handle(msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
+	c.applying.Lock()
+	defer c.applying.Unlock()
 	start := time.Now()
 	m, err := updates.Decode(msg.Data())
 	if err == nil {

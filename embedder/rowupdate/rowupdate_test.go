@@ -245,3 +245,61 @@ func TestConsumerSurvivesServerRestart(t *testing.T) {
 		t.Fatalf("row (1,1) = %v after the restart, want 2", v)
 	}
 }
+
+// TestHoldSeesTablesAtApplied reads the tables through Hold while a
+// backlog is applied: every read must find exactly the state after the
+// sequence Hold passes, as a hash compared across a replay needs. Each
+// message sets row (0,0) to its own sequence, and applying it takes a
+// moment between the write and the return, as copying a large message
+// does.
+func TestHoldSeesTablesAtApplied(t *testing.T) {
+	ns := startJetStream(t, t.TempDir())
+	_, js := connect(t, ns)
+	subject, _ := updates.RowsSubject("m")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := js.CreateStream(ctx, updates.StreamConfig(0)); err != nil {
+		t.Fatal(err)
+	}
+	// The stream's sequences start at 1, so message k carries value k.
+	const n = 200
+	for k := 1; k <= n; k++ {
+		publish(t, js, subject, row(0, 0, float32(k)))
+	}
+	s := &sink{rows: map[[2]int]float32{}}
+	c := New(Options{JS: js, Apply: func(m updates.Message) error {
+		err := s.apply(m)
+		time.Sleep(200 * time.Microsecond)
+		return err
+	}})
+	caught, err := c.Follow("m", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	var reads, mismatches int
+	for done := false; !done; {
+		select {
+		case <-caught:
+			done = true
+		default:
+		}
+		c.Hold(func(applied uint64) {
+			v, ok := s.get(0, 0)
+			reads++
+			if applied == 0 && ok || applied != 0 && v != float32(applied) {
+				mismatches++
+				if mismatches == 1 {
+					t.Errorf("Hold passed sequence %d, the tables hold message %v's row", applied, v)
+				}
+			}
+		})
+		time.Sleep(50 * time.Microsecond)
+	}
+	if c.Applied() != n {
+		t.Fatalf("caught up at %d, want %d", c.Applied(), n)
+	}
+	if mismatches > 0 {
+		t.Fatalf("%d of %d reads saw tables other than Hold's sequence says", mismatches, reads)
+	}
+}

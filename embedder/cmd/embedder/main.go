@@ -227,9 +227,12 @@ func run(args []string) error {
 		hashSub, err := nc.Subscribe(control.SubjectTablesHash, func(m *nats.Msg) {
 			var r control.TablesHashReply
 			if cons != nil {
-				r.Applied = cons.Applied()
+				// Applied must name the tables' state exactly: a replay
+				// is checked against it.
+				cons.Hold(func(applied uint64) { r.Applied, r.Hash = applied, e.Store().TablesHash() })
+			} else {
+				r.Hash = e.Store().TablesHash()
 			}
-			r.Hash = e.Store().TablesHash()
 			b, _ := json.Marshal(r)
 			_ = m.Respond(b)
 		})
