@@ -83,13 +83,7 @@ func TestE2EControlPlane(t *testing.T) {
 			t.Errorf("frontend pid %d: status detail %q names no steering mode", s.PID, s.Detail)
 		}
 		if s.Service == control.ServiceEmbedder {
-			used := 0
-			for _, l := range s.Lanes {
-				if l.Owner != 0 {
-					used++
-				}
-			}
-			if used != 2 {
+			if used := s.LanesInUse(); used != 2 {
 				t.Errorf("embedder reports %d lanes in use, want 2 (two frontends)", used)
 			}
 		}

@@ -685,13 +685,7 @@ func (c *cluster) waitRestarted(nc *nats.Conn, frontends int) {
 			if s.Service != control.ServiceEmbedder || s.PID != pid || !s.Ready || s.Updates == nil || !s.Updates.CaughtUp {
 				continue
 			}
-			attached := 0
-			for _, l := range s.Lanes {
-				if l.Owner != 0 {
-					attached++
-				}
-			}
-			return attached >= frontends
+			return s.LanesInUse() >= frontends
 		}
 		return false
 	})

@@ -69,6 +69,17 @@ type Status struct {
 	Dense   *DenseStatus   `json:"dense,omitempty"`
 }
 
+// LanesInUse is how many of the embedder's lanes a frontend owns.
+func (s Status) LanesInUse() int {
+	n := 0
+	for _, l := range s.Lanes {
+		if l.Owner != 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // UpdatesStatus is where the embedder stands in its model's row-update
 // stream (package updates): a trainer waits for Applied to reach the
 // sequence its publish was acknowledged with.

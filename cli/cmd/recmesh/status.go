@@ -64,13 +64,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	for _, s := range sts {
 		lanes := "-"
 		if len(s.Lanes) > 0 {
-			used := 0
-			for _, l := range s.Lanes {
-				if l.Owner != 0 {
-					used++
-				}
-			}
-			lanes = fmt.Sprintf("%d/%d", used, len(s.Lanes))
+			lanes = fmt.Sprintf("%d/%d", s.LanesInUse(), len(s.Lanes))
 		}
 		fmt.Fprintf(w, "%s\t%d\t%s\t%v\t%d\t%s\t%d\t%s\n", s.Service, s.PID, s.State, s.Ready, s.Generation, lanes, s.QueueDepth, s.Detail)
 	}
