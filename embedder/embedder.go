@@ -132,7 +132,14 @@ func (e *Embedder) Lanes() []shm.LaneInfo {
 // switches), then starts a new generation on them. The old generation
 // drains: requests already in its lanes finish there, new ones go to the
 // new generation. On any error the old model keeps serving.
-func (e *Embedder) Load(ctx context.Context, dir string, prepare func(ctx context.Context, modelID string) error) (Generation, error) {
+//
+// switchVia, when not nil, chooses the moment of the switch: it is given
+// the loaded store and switchTo, which starts the new generation, and
+// calls switchTo at most once, when the store is ready to serve (the row
+// updates replay onto it first: Rollouts). An error from switchVia before
+// switchTo leaves the old model serving.
+func (e *Embedder) Load(ctx context.Context, dir string, prepare func(ctx context.Context, modelID string) error,
+	switchVia func(ctx context.Context, store *Store, switchTo func() error) error) (Generation, error) {
 	store, err := e.loadStore(dir)
 	if err != nil {
 		return Generation{}, fmt.Errorf("embedder: rollout of %s: %w", dir, err)
@@ -143,6 +150,30 @@ func (e *Embedder) Load(ctx context.Context, dir string, prepare func(ctx contex
 			return Generation{}, fmt.Errorf("embedder: rollout of %s: accelerator: %w", dir, err)
 		}
 	}
+	var g Generation
+	handed := false // switchTo owns the store from its first call
+	switchTo := func() error {
+		if handed {
+			return fmt.Errorf("embedder: rollout of %s: switched twice", dir)
+		}
+		handed = true
+		g, err = e.switchTo(ctx, dir, store)
+		return err
+	}
+	if switchVia == nil {
+		err = switchTo()
+	} else {
+		err = switchVia(ctx, store, switchTo)
+	}
+	if !handed {
+		store.Close()
+	}
+	return g, err
+}
+
+// switchTo hands store to Run, which starts a generation on it, and
+// waits for that generation. Run owns the store once it has it.
+func (e *Embedder) switchTo(ctx context.Context, dir string, store *Store) (Generation, error) {
 	req := loadRequest{store: store, done: make(chan Generation, 1)}
 	select {
 	case e.loads <- req:

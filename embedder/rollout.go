@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/recmesh/recmesh/model"
+	"github.com/recmesh/recmesh/proto/updates"
 )
 
 // ErrBusy answers a rollout requested while another is in progress: each
@@ -34,7 +35,10 @@ type Rollouts struct {
 	// available reports the bytes a new table copy may take; nil means
 	// MemAvailable (and the cgroup's limit).
 	available func() (int64, error)
-	busy      atomic.Bool
+	// updates, when set, replays the row updates onto a new model's
+	// tables before they serve.
+	updates UpdatesHandoff
+	busy    atomic.Bool
 
 	// mu orders writes of the serving record: a rollout's and the row
 	// updates' (RecordApplied); serving is the record as last written or
@@ -111,20 +115,60 @@ func (r *Rollouts) Load(ctx context.Context, name string) (Generation, error) {
 	if r.prepare != nil {
 		prepare = func(ctx context.Context, modelID string) error { return r.prepare(ctx, dir, modelID) }
 	}
-	g, err := r.e.Load(ctx, dir, prepare)
+	// The serving record changes with the switch, holding how far the
+	// new tables' row updates reached, so that the applied sequences the
+	// consumer records from then on are the new model's.
+	var recordErr error
+	record := func(modelID string, applied uint64) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		s := model.Serving{Bundle: dir, ModelID: modelID, Since: time.Now().UTC(), UpdatesBase: cfg.UpdatesSeq, UpdatesApplied: applied}
+		r.serving = s
+		if err := r.root.SetServing(s); err != nil {
+			// The mesh serves the new model; only a restart would lose it.
+			recordErr = fmt.Errorf("embedder: %s serves, but a restart would not keep it: %w", modelID, err)
+		}
+	}
+	var switchVia func(ctx context.Context, store *Store, switchTo func() error) error
+	if r.updates != nil {
+		switchVia = func(ctx context.Context, store *Store, switchTo func() error) error {
+			var u Updater // the consumer's goroutine has its own
+			_, err := r.updates.Handoff(ctx, store.Config.ID(), cfg.UpdatesSeq,
+				func(m updates.Message) error { return store.Apply(&u, m) },
+				func(applied uint64) error {
+					if err := switchTo(); err != nil {
+						return err
+					}
+					record(store.Config.ID(), applied)
+					return nil
+				})
+			if err != nil {
+				return fmt.Errorf("embedder: rollout of %s: row updates: %w", name, err)
+			}
+			return nil
+		}
+	}
+	g, err := r.e.Load(ctx, dir, prepare, switchVia)
 	if err != nil {
 		return g, err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := model.Serving{Bundle: dir, ModelID: g.ModelID, Since: time.Now().UTC(), UpdatesBase: cfg.UpdatesSeq, UpdatesApplied: cfg.UpdatesSeq}
-	r.serving = s
-	if err := r.root.SetServing(s); err != nil {
-		// The mesh serves the new model; only a restart would lose it.
-		return g, fmt.Errorf("embedder: %s serves, but a restart would not keep it: %w", g.ModelID, err)
+	if switchVia == nil {
+		record(g.ModelID, cfg.UpdatesSeq)
 	}
-	return g, nil
+	return g, recordErr
 }
+
+// UpdatesHandoff moves the row updates to a rolled-out model's tables:
+// rowupdate.Consumer.Handoff. It replays the stream onto the new tables
+// after base, calls switchTo once they hold everything, and follows the
+// new model from the sequence it passes to switchTo.
+type UpdatesHandoff interface {
+	Handoff(ctx context.Context, modelID string, base uint64, apply func(updates.Message) error, switchTo func(applied uint64) error) (uint64, error)
+}
+
+// SetUpdates makes rollouts hand the row updates over to each new model's
+// tables before they serve. Call it before the first Load.
+func (r *Rollouts) SetUpdates(h UpdatesHandoff) { r.updates = h }
 
 // memoryHeadroom is kept free beyond the new tables: the bundle's page
 // cache while it is copied, the new generation's segment, and the rest of

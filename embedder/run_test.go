@@ -83,7 +83,7 @@ func TestRunClosesGenerationsOnEveryExit(t *testing.T) {
 				t.Fatal(err)
 			}
 			store1 := e.Store()
-			if _, err := e.Load(ctx, bundle, nil); err != nil {
+			if _, err := e.Load(ctx, bundle, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 			if g := e.Current().Generation; g != 2 {
@@ -134,7 +134,7 @@ func TestRunClosesGenerationsOnEveryExit(t *testing.T) {
 			if lanes := e.Lanes(); lanes != nil {
 				t.Errorf("Lanes after Run returned: %v", lanes)
 			}
-			if _, err := e.Load(context.Background(), bundle, nil); !errors.Is(err, errStopped) {
+			if _, err := e.Load(context.Background(), bundle, nil, nil); !errors.Is(err, errStopped) {
 				t.Errorf("Load after Run returned: %v", err)
 			}
 		})

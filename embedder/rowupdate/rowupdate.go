@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -72,7 +73,7 @@ type Consumer struct {
 	opts Options
 	m    *metrics
 
-	follow chan target // Follow's new target, for Run
+	next chan target // the new target Follow or Handoff set, for Run
 
 	// applying is held while a message is applied and its sequence
 	// recorded, so that Hold sees tables and Applied agree.
@@ -100,7 +101,7 @@ func New(opts Options) *Consumer {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	return &Consumer{opts: opts, m: newMetrics(opts.Registry), follow: make(chan target, 1), caughtUp: make(chan struct{}), reached: make(chan struct{})}
+	return &Consumer{opts: opts, m: newMetrics(opts.Registry), next: make(chan target, 1), caughtUp: make(chan struct{}), reached: make(chan struct{})}
 }
 
 // Reached is closed once the consumer first tried to reach the stream;
@@ -134,18 +135,154 @@ func (c *Consumer) Follow(modelID string, base, until uint64) (<-chan struct{}, 
 		return nil, err
 	}
 	t := target{modelID: modelID, subject: subject, base: base, until: max(until, base)}
+	return c.follow(t, base), nil
+}
+
+// follow makes t the target, its tables holding the updates up to
+// applied, and hands it to Run.
+func (c *Consumer) follow(t target, applied uint64) <-chan struct{} {
 	c.mu.Lock()
-	c.cur, c.applied, c.pending, c.caught = t, base, 0, false
+	c.cur, c.applied, c.pending, c.caught = t, applied, 0, false
 	c.caughtUp = make(chan struct{})
 	ch := c.caughtUp
 	c.mu.Unlock()
-	c.m.applied.Set(float64(base))
+	c.m.applied.Set(float64(applied))
 	select { // the newest target wins
-	case <-c.follow:
+	case <-c.next:
 	default:
 	}
-	c.follow <- t
-	return ch, nil
+	c.next <- t
+	return ch
+}
+
+// following reports whether t is still the target.
+func (c *Consumer) following(t target) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur == t
+}
+
+// Handoff moves the consumer to modelID for a rollout: its new tables,
+// loaded but not serving yet, hold the updates up to base. It applies
+// to them, with apply, every update of modelID the stream holds after
+// base, while the serving tables go on taking theirs; then, with no
+// update being applied anywhere, the few that came meanwhile; then it
+// calls switchTo, which makes the new tables serve, and follows modelID
+// from there. So the new tables never serve without an update the
+// stream had when they started serving, and, for a rollout of the same
+// model, without one the old tables had acknowledged. It returns the
+// last sequence the new tables hold, which switchTo is also given. When
+// the stream cannot be read, or switchTo fails, the consumer goes on with
+// the serving model.
+func (c *Consumer) Handoff(ctx context.Context, modelID string, base uint64, apply func(updates.Message) error, switchTo func(applied uint64) error) (uint64, error) {
+	subject, err := updates.RowsSubject(modelID)
+	if err != nil {
+		return base, err
+	}
+	seq, err := c.catchUp(ctx, subject, base, apply)
+	if err != nil {
+		return seq, fmt.Errorf("rowupdate: replay %s after sequence %d: %w", subject, base, err)
+	}
+	c.applying.Lock()
+	defer c.applying.Unlock()
+	if seq, err = c.catchUp(ctx, subject, seq, apply); err != nil {
+		return seq, fmt.Errorf("rowupdate: replay %s after sequence %d: %w", subject, base, err)
+	}
+	if err := switchTo(seq); err != nil {
+		return seq, err
+	}
+	c.follow(target{modelID: modelID, subject: subject, base: base, until: seq}, seq)
+	return seq, nil
+}
+
+// catchUpWait bounds the wait for a message the stream said it holds.
+const catchUpWait = 5 * time.Second
+
+// catchUp applies, with apply, the messages on subject after sequence
+// after, up to the last one the stream holds now, and returns the last
+// sequence it applied or refused. It reads with an ordered consumer of
+// its own, which acknowledges nothing and leaves the durable alone.
+func (c *Consumer) catchUp(ctx context.Context, subject string, after uint64, apply func(updates.Message) error) (uint64, error) {
+	stream, err := c.opts.JS.Stream(ctx, updates.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) || noJetStream(err) {
+		return after, nil // no stream, no updates
+	}
+	if err != nil {
+		return after, fmt.Errorf("stream %s: %w", updates.Stream, err)
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return after, nil
+	}
+	if err != nil {
+		return after, fmt.Errorf("last message on %s: %w", subject, err)
+	}
+	if last.Sequence <= after {
+		return after, nil
+	}
+	oc, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subject},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    after + 1,
+	})
+	if err != nil {
+		return after, fmt.Errorf("ordered consumer on %s: %w", subject, err)
+	}
+	it, err := oc.Messages(jetstream.PullMaxMessages(64))
+	if err != nil {
+		return after, fmt.Errorf("ordered consumer on %s: %w", subject, err)
+	}
+	defer it.Stop()
+	seq := after
+	for seq < last.Sequence {
+		if err := ctx.Err(); err != nil {
+			return seq, err
+		}
+		msg, err := it.Next(jetstream.NextMaxWait(catchUpWait))
+		if err != nil {
+			return seq, fmt.Errorf("after sequence %d of %d: %w", seq, last.Sequence, err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return seq, fmt.Errorf("after sequence %d: message without metadata: %w", seq, err)
+		}
+		seq = meta.Sequence.Stream
+		c.apply(msg.Data(), seq, apply)
+	}
+	return seq, nil
+}
+
+// noJetStream reports an error that says the server runs no JetStream
+// (for this account): NATS answers, but nothing holds updates.
+func noJetStream(err error) bool {
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)
+}
+
+// apply decodes and applies one message with f, or refuses it: counted,
+// logged, the tables unchanged. It reports the rows applied.
+func (c *Consumer) apply(data []byte, seq uint64, f func(updates.Message) error) (int, error) {
+	start := time.Now()
+	m, err := updates.Decode(data)
+	if err == nil {
+		err = f(m)
+	}
+	if err != nil {
+		reason := refusalReason(err)
+		c.m.refused.WithLabelValues(reason).Inc()
+		c.opts.Log.Warn("row update refused; the tables are unchanged", "sequence", seq, "reason", reason, "err", err)
+		c.mu.Lock()
+		c.refused++
+		c.mu.Unlock()
+		return 0, err
+	}
+	c.m.apply.Observe(time.Since(start).Seconds())
+	c.m.rows.Add(float64(m.Len()))
+	c.m.messages.Inc()
+	c.mu.Lock()
+	c.rows += uint64(m.Len())
+	c.mu.Unlock()
+	return m.Len(), nil
 }
 
 // Status is the consumer's position, for the control plane.
@@ -179,7 +316,7 @@ func (c *Consumer) Hold(f func(applied uint64)) {
 func (c *Consumer) Run(ctx context.Context) error {
 	var t target
 	select {
-	case t = <-c.follow:
+	case t = <-c.next:
 	case <-ctx.Done():
 		return nil
 	}
@@ -194,7 +331,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		var next target
 		var ok bool
 		if errors.Is(err, errFollow) {
-			next, ok = <-c.follow, true
+			next, ok = <-c.next, true
 		}
 		if ok {
 			c.record()
@@ -207,7 +344,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			c.record()
 			return nil
-		case next = <-c.follow:
+		case next = <-c.next:
 			c.record()
 			t, wait = next, 100*time.Millisecond
 		case <-time.After(wait):
@@ -273,8 +410,8 @@ func (c *Consumer) consume(ctx context.Context, t target) error {
 		select {
 		case <-ctx.Done():
 			stopped <- ctx.Err()
-		case t := <-c.follow:
-			c.follow <- t // Run reads it
+		case t := <-c.next:
+			c.next <- t // Run reads it
 			stopped <- errFollow
 		case <-stop:
 			stopped <- nil
@@ -299,7 +436,7 @@ func (c *Consumer) consume(ctx context.Context, t target) error {
 			}
 			return fmt.Errorf("consumer %s: %w", name, err)
 		}
-		c.handle(msg)
+		c.handle(msg, t)
 		// On a core shared with lookups, a backlog is applied in slices
 		// of at most yieldAfter, so lookups that became runnable meanwhile
 		// wait no longer than that. Yielding after every message instead
@@ -317,8 +454,9 @@ func (c *Consumer) consume(ctx context.Context, t target) error {
 	}
 }
 
-// handle applies or refuses one message and acknowledges it.
-func (c *Consumer) handle(msg jetstream.Msg) {
+// handle applies or refuses one message of target t and acknowledges
+// it.
+func (c *Consumer) handle(msg jetstream.Msg, t target) {
 	meta, err := msg.Metadata()
 	if err != nil {
 		c.opts.Log.Warn("row updates: message without metadata; skipped", "err", err)
@@ -327,21 +465,16 @@ func (c *Consumer) handle(msg jetstream.Msg) {
 	}
 	c.applying.Lock()
 	defer c.applying.Unlock()
-	start := time.Now()
-	m, err := updates.Decode(msg.Data())
-	if err == nil {
-		err = c.opts.Apply(m)
+	if !c.following(t) {
+		// Fetched before a rollout moved the consumer on: the new
+		// model's tables must not take it, nor its sequence count as
+		// theirs.
+		return
 	}
 	seq := meta.Sequence.Stream
-	if err != nil {
-		reason := refusalReason(err)
-		c.m.refused.WithLabelValues(reason).Inc()
-		c.opts.Log.Warn("row update refused; the tables are unchanged", "sequence", seq, "reason", reason, "err", err)
+	if _, err := c.apply(msg.Data(), seq, c.opts.Apply); err != nil {
 		_ = msg.Term()
 	} else {
-		c.m.apply.Observe(time.Since(start).Seconds())
-		c.m.rows.Add(float64(m.Len()))
-		c.m.messages.Inc()
 		_ = msg.Ack()
 	}
 	lag := time.Since(meta.Timestamp)
@@ -350,11 +483,6 @@ func (c *Consumer) handle(msg jetstream.Msg) {
 	c.m.lagSeconds.Set(lag.Seconds())
 	c.mu.Lock()
 	c.applied, c.pending, c.lag = seq, meta.NumPending, lag
-	if err != nil {
-		c.refused++
-	} else {
-		c.rows += uint64(m.Len())
-	}
 	c.checkCaughtUpLocked()
 	c.mu.Unlock()
 }

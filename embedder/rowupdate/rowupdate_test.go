@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -302,4 +303,130 @@ func TestHoldSeesTablesAtApplied(t *testing.T) {
 	if mismatches > 0 {
 		t.Fatalf("%d of %d reads saw tables other than Hold's sequence says", mismatches, reads)
 	}
+}
+
+// TestHandoffReplaysBeforeTheSwitch rolls the consumer over from model a
+// to model b while both models' updates keep coming, as a rollout does:
+// when b's tables start serving they must hold every b update published
+// before the handoff began, none of a's updates may ever reach them (not
+// even one the consumer had already fetched for a), and b's updates after
+// the switch must follow on from where the replay ended, none skipped.
+func TestHandoffReplaysBeforeTheSwitch(t *testing.T) {
+	ns := startJetStream(t, t.TempDir())
+	_, js := connect(t, ns)
+	subA, _ := updates.RowsSubject("a")
+	subB, _ := updates.RowsSubject("b")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := js.CreateStream(ctx, updates.StreamConfig(0)); err != nil {
+		t.Fatal(err)
+	}
+	// Model a's rows are in table 0, b's in table 1; the k-th update of a
+	// model writes row k with value k.
+	var nA, nB atomic.Int64
+	pub := func(subject string, table int, n *atomic.Int64) error {
+		k := n.Add(1)
+		b, err := updates.Append(nil, 4, []updates.Row{row(table, int(k), float32(k))})
+		if err != nil {
+			return err
+		}
+		_, err = js.Publish(ctx, subject, b)
+		return err
+	}
+	for range 100 {
+		if err := errors.Join(pub(subA, 0, &nA), pub(subB, 1, &nB)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := &sink{rows: map[[2]int]float32{}}
+	b := &sink{rows: map[[2]int]float32{}}
+	var serving atomic.Pointer[sink] // the embedder's current store
+	serving.Store(a)
+	// Slow applies keep a's messages fetched and waiting during the
+	// handoff.
+	c := New(Options{JS: js, Apply: func(m updates.Message) error {
+		time.Sleep(100 * time.Microsecond)
+		return serving.Load().apply(m)
+	}})
+	caught, err := c.Follow("a", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	select {
+	case <-caught:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the consumer did not catch up with model a")
+	}
+
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := errors.Join(pub(subA, 0, &nA), pub(subB, 1, &nB)); err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	before := int(nB.Load()) // b updates published before the handoff
+	var prefix int
+	applied, err := c.Handoff(ctx, "b", 0, b.apply, func(applied uint64) error {
+		prefix = b.prefix(1)
+		serving.Store(b)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if prefix < before {
+		t.Errorf("b's tables served holding b's updates 1..%d; %d were published before the handoff", prefix, before)
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(stop)
+	<-stopped
+	total := int(nB.Load())
+	deadline := time.Now().Add(20 * time.Second)
+	for b.prefix(1) < total && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := b.prefix(1); got < total {
+		t.Fatalf("b's tables hold b's updates 1..%d of %d: the consumer skipped some after the handoff (replay ended at sequence %d)", got, total, applied)
+	}
+	if n := b.count(0); n != 0 {
+		t.Fatalf("%d of model a's rows were written into model b's tables", n)
+	}
+}
+
+// prefix is the largest k such that rows 1..k of table hold values 1..k.
+func (s *sink) prefix(table int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := 0
+	for {
+		if v, ok := s.rows[[2]int{table, k + 1}]; !ok || v != float32(k+1) {
+			return k
+		}
+		k++
+	}
+}
+
+// count is the number of rows of table the sink holds.
+func (s *sink) count(table int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k := range s.rows {
+		if k[0] == table {
+			n++
+		}
+	}
+	return n
 }

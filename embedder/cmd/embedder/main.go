@@ -215,6 +215,8 @@ func run(args []string) error {
 				e.Close()
 				return err
 			}
+			// A rollout's tables replay the stream before they serve.
+			rollouts.SetUpdates(cons)
 		}
 		svc, err := control.Register(nc, control.ServiceEmbedder, telemetry.Version(), func() control.Status { return status(e, cons) })
 		if err != nil {
@@ -265,14 +267,6 @@ func run(args []string) error {
 			if err != nil {
 				tel.Log.Error("rollout failed; the old model keeps serving", "bundle", req.Bundle, "err", err)
 				return control.LoadReply{Error: err.Error()}
-			}
-			if cons != nil {
-				// The new bundle includes the updates up to its own
-				// sequence: follow its model from there.
-				s := rollouts.Serving()
-				if _, err := cons.Follow(s.ModelID, s.UpdatesBase, s.UpdatesBase); err != nil {
-					tel.Log.Error("row updates: cannot follow the new model", "model", s.ModelID, "err", err)
-				}
 			}
 			return control.LoadReply{Generation: g.Generation, ModelID: g.ModelID}
 		})
