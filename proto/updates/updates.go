@@ -200,11 +200,21 @@ func (m Message) CheckFinite(i int) error {
 	// Two floats a word: adding one to an exponent of all ones carries
 	// into the lane's sign bit, and into it only.
 	const exps, one, signs = expMask<<32 | expMask, 1<<55 | 1<<23, 1<<63 | 1<<31
-	var bad uint64
+	// Four words an iteration, into separate accumulators, keep the
+	// loads independent (the check runs on the core that serves lookups).
+	var bad, b1, b2, b3 uint64
 	j := 0
+	for ; j+32 <= len(r); j += 32 {
+		w := r[j : j+32 : j+32]
+		bad |= (binary.LittleEndian.Uint64(w)&exps + one) & signs
+		b1 |= (binary.LittleEndian.Uint64(w[8:])&exps + one) & signs
+		b2 |= (binary.LittleEndian.Uint64(w[16:])&exps + one) & signs
+		b3 |= (binary.LittleEndian.Uint64(w[24:])&exps + one) & signs
+	}
 	for ; j+8 <= len(r); j += 8 {
 		bad |= (binary.LittleEndian.Uint64(r[j:])&exps + one) & signs
 	}
+	bad |= b1 | b2 | b3
 	if bad == 0 && j == len(r) {
 		return nil
 	}

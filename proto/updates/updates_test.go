@@ -107,11 +107,12 @@ func TestAppendAndSubjectRefuse(t *testing.T) {
 }
 
 // TestCheckFiniteMatchesValues compares the word-at-a-time check with the
-// per-value one on every exponent and on odd widths.
+// per-value one on every exponent, at every position of the unrolled
+// loop's words and of its tail, on odd widths too.
 func TestCheckFiniteMatchesValues(t *testing.T) {
-	for _, dim := range []int{1, 2, 3, 128} {
+	for _, dim := range []int{1, 2, 3, 8, 11, 21, 128} {
 		for e := 0; e < 256; e += 5 {
-			for _, at := range []int{0, dim - 1, dim / 2} {
+			for at := range dim {
 				v := make([]float32, dim)
 				for j := range v {
 					v[j] = float32(j) - 1.5
@@ -129,6 +130,34 @@ func TestCheckFiniteMatchesValues(t *testing.T) {
 				if got := m.CheckFinite(0); (got == nil) != (want == nil) || got != nil && got.Error() != want.Error() {
 					t.Fatalf("dim %d exponent %d at %d: CheckFinite %v, Values %v", dim, e, at, got, want)
 				}
+			}
+		}
+	}
+}
+
+// BenchmarkCheckFinite checks a full message of rows of the model's width.
+func BenchmarkCheckFinite(b *testing.B) {
+	rows := make([]Row, MaxRows)
+	for i := range rows {
+		v := make([]float32, 128)
+		for j := range v {
+			v[j] = float32(i*128+j) * 1e-3
+		}
+		rows[i] = Row{Table: 0, ID: i, Values: v}
+	}
+	buf, err := Append(nil, 128, rows)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := Decode(buf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(MaxRows * 128 * 4))
+	for b.Loop() {
+		for i := range m.Len() {
+			if err := m.CheckFinite(i); err != nil {
+				b.Fatal(err)
 			}
 		}
 	}
