@@ -147,7 +147,7 @@ func TestBenchUpdates(t *testing.T) {
 	c.startMesh(2)
 
 	const perRequest = 16
-	clients := envInt(benchUpdatesClientsEnv, 4)
+	clients := envInt(benchUpdatesClientsEnv, 16)
 	var reqs []*pb.ModelInferRequest
 	for i := range 64 {
 		dense, sparse := model.RandomInputs(cfg, uint64(500+i), perRequest)
