@@ -27,8 +27,9 @@ e2e-updates: deps
 # bench-updates: row updates against serving, as #45 sets the targets: the
 # mesh pinned to one core on the 3.2 GB hostbound tables, closed-loop
 # B_req 16 from BENCH_UPDATES_CLIENTS (16) clients, BENCH_UPDATES_SECONDS
-# (15) without and then with a trainer publishing BENCH_UPDATES_RATE rows/s
-# (250,000). Prints where the mesh's core went in each window (busy
+# (15) without and as long with a trainer publishing BENCH_UPDATES_RATE
+# rows/s (250,000), in three rounds that alternate the two, so a drift of
+# the shared host falls on both sides. Prints where the mesh's core went in each window (busy
 # share, each process's CPU), then ends with the `bench-updates:` line.
 # 16 clients keep the mesh's core busy in both windows: the load shares
 # the other core with NATS and the trainer, and with 4 clients it left

@@ -37,6 +37,7 @@ const (
 	benchUpdatesRateEnv    = "RECMESH_BENCH_UPDATES_ROWS_PER_S"
 	benchUpdatesSecsEnv    = "RECMESH_BENCH_UPDATES_SECONDS"
 	benchUpdatesClientsEnv = "RECMESH_BENCH_UPDATES_CLIENTS"
+	benchUpdatesRoundsEnv  = "RECMESH_BENCH_UPDATES_ROUNDS"
 )
 
 // closedLoop is clients callers each sending reqs in turn until stop,
@@ -72,8 +73,10 @@ func p99(lat []time.Duration) time.Duration {
 
 // TestBenchUpdates measures row updates against serving, as the issue
 // sets the targets: the mesh pinned to one core on the 3.2 GB hostbound
-// tables, closed-loop load at B_req 16, first without updates, then with
-// a trainer publishing at the target rate. It prints
+// tables, closed-loop load at B_req 16, in rounds (RECMESH_BENCH_UPDATES_ROUNDS,
+// 3) of a window without updates and one with a trainer publishing at the
+// target rate, each phase's windows adding up to
+// RECMESH_BENCH_UPDATES_SECONDS. It prints
 //
 //	bench-updates: rows_per_s=<applied> target_rows_per_s=<r> base_ex_per_s=<x> updates_ex_per_s=<y> serving_loss_pct=<l> base_p99_ms=<p> updates_p99_ms=<q> visible_p99_ms=<v> failed_calls=<f> base_core_busy_pct=<b> updates_core_busy_pct=<u> base_embedder_cpu_pct=<e> updates_embedder_cpu_pct=<g>
 //
@@ -203,32 +206,6 @@ func TestBenchUpdates(t *testing.T) {
 	for name, p := range c.procs {
 		names[p.cmd.Process.Pid] = name
 	}
-	window := func() *coreWindow {
-		w, err := startCoreWindow(meshCPU, names)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return w
-	}
-	shares := func(w *coreWindow) cpuShares {
-		sh, err := w.stop()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return sh
-	}
-
-	// Warm up, then the baseline.
-	time.Sleep(5 * time.Second)
-	loop.window()
-	baseWin := window()
-	profile(t, c.metrics["embedder"], seconds-1, ".base")
-	time.Sleep(time.Duration(seconds) * time.Second)
-	baseCalls, baseLat := loop.window()
-	baseCPU := shares(baseWin)
-	t.Logf("mesh core without updates: %s", baseCPU)
-	baseRate := float64(baseCalls*perRequest) / float64(seconds)
-
 	// The trainer's messages, encoded once: a rate of hundreds of
 	// thousands of rows must measure the embedder, not this process.
 	rng := rand.New(rand.NewPCG(3, 45))
@@ -251,14 +228,59 @@ func TestBenchUpdates(t *testing.T) {
 	}
 	vis := watchVisibility(js, modelID)
 	defer vis.close()
+	// The trainer publishes at the rate while running is set; the windows
+	// switch it on and off.
+	var running atomic.Bool
+	var ranFor atomic.Int64 // nanoseconds it ran
 	trainerStop := make(chan struct{})
 	trainerDone := make(chan struct{})
 	go func() {
 		defer close(trainerDone)
 		tick := time.Duration(float64(time.Second) * updates.MaxRows / float64(rate))
-		next := time.Now()
-		var pending []jetstream.PubAckFuture
+		type publish struct {
+			f  jetstream.PubAckFuture
+			at time.Time
+		}
+		var pending []publish
+		// collect notes acknowledged sequences without blocking the pace,
+		// while paused too, so none waits out a window without updates.
+		collect := func() bool {
+			keep := pending[:0]
+			for _, p := range pending {
+				select {
+				case ack := <-p.f.Ok():
+					vis.published(ack.Sequence, p.at)
+				case err := <-p.f.Err():
+					t.Error(err)
+					return false
+				default:
+					keep = append(keep, p)
+				}
+			}
+			pending = keep
+			return true
+		}
+		var next, since time.Time
 		for k := 0; ; k++ {
+			select {
+			case <-trainerStop:
+				return
+			default:
+			}
+			if !collect() {
+				return
+			}
+			if !running.Load() {
+				if !since.IsZero() {
+					ranFor.Add(int64(time.Since(since)))
+					since = time.Time{}
+				}
+				time.Sleep(time.Millisecond)
+				continue
+			}
+			if since.IsZero() {
+				since, next = time.Now(), time.Now()
+			}
 			select {
 			case <-trainerStop:
 				return
@@ -271,39 +293,63 @@ func TestBenchUpdates(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			pending = append(pending, f)
-			// Collect acknowledged sequences without blocking the pace.
-			keep := pending[:0]
-			for _, f := range pending {
-				select {
-				case ack := <-f.Ok():
-					vis.published(ack.Sequence, at)
-				case err := <-f.Err():
-					t.Error(err)
-				default:
-					keep = append(keep, f)
-				}
-			}
-			pending = keep
+			pending = append(pending, publish{f, at})
 		}
 	}()
+
+	// Warm up, then rounds of a window without updates and one with them,
+	// so that a drift of the host over the run (other tenants, the
+	// page cache) falls on both sides alike.
+	time.Sleep(5 * time.Second)
+	rounds := max(envInt(benchUpdatesRoundsEnv, 3), 1)
+	win := time.Duration(seconds) * time.Second / time.Duration(rounds)
+	const settle = 500 * time.Millisecond // the trainer starts or the backlog drains
+	type phase struct {
+		calls  int64
+		lat    []time.Duration
+		shares []cpuShares
+	}
+	var base, upd phase
+	measure := func(p *phase, suffix string, first bool) {
+		time.Sleep(settle)
+		loop.window()
+		w, err := startCoreWindow(meshCPU, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first {
+			profile(t, c.metrics["embedder"], max(int(win/time.Second)-1, 1), suffix)
+		}
+		time.Sleep(win)
+		calls, lat := loop.window()
+		sh, err := w.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.calls += calls
+		p.lat = append(p.lat, lat...)
+		p.shares = append(p.shares, sh)
+	}
 	before := embedderUpdates(t, nc)
-	startUpd := time.Now()
-	loop.window()
-	updWin := window()
-	profile(t, c.metrics["embedder"], seconds-1, "")
-	time.Sleep(time.Duration(seconds) * time.Second)
-	updCalls, updLat := loop.window()
-	updCPU := shares(updWin)
-	t.Logf("mesh core with updates: %s", updCPU)
+	for r := range rounds {
+		running.Store(false)
+		measure(&base, ".base", r == 0)
+		running.Store(true)
+		measure(&upd, "", r == 0)
+	}
+	running.Store(false)
 	after := embedderUpdates(t, nc)
-	elapsed := time.Since(startUpd)
 	close(trainerStop)
 	<-trainerDone
 	vis.close()
+	baseCPU, updCPU := meanShares(base.shares), meanShares(upd.shares)
+	t.Logf("mesh core without updates: %s", baseCPU)
+	t.Logf("mesh core with updates: %s", updCPU)
 
-	updRate := float64(updCalls*perRequest) / float64(seconds)
-	rowsPerS := float64(after.Rows-before.Rows) / elapsed.Seconds()
+	measured := win.Seconds() * float64(rounds)
+	baseRate := float64(base.calls*perRequest) / measured
+	updRate := float64(upd.calls*perRequest) / measured
+	rowsPerS := float64(after.Rows-before.Rows) / time.Duration(ranFor.Load()).Seconds()
 	loss := 100 * (1 - updRate/baseRate)
 	visP99, _ := vis.p99()
 	// Calls the mesh sheds (slo mode refuses what cannot meet its latency
@@ -315,8 +361,20 @@ func TestBenchUpdates(t *testing.T) {
 		t.Errorf("the embedder refused %d of the trainer's messages", after.Refused)
 	}
 	fmt.Printf("bench-updates: rows_per_s=%.0f target_rows_per_s=%d base_ex_per_s=%.0f updates_ex_per_s=%.0f serving_loss_pct=%.1f base_p99_ms=%.2f updates_p99_ms=%.2f visible_p99_ms=%.1f failed_calls=%d base_core_busy_pct=%.0f updates_core_busy_pct=%.0f base_embedder_cpu_pct=%.0f updates_embedder_cpu_pct=%.0f\n",
-		rowsPerS, rate, baseRate, updRate, loss, float64(p99(baseLat))/1e6, float64(p99(updLat))/1e6, float64(visP99)/1e6, loop.failed.Load(),
+		rowsPerS, rate, baseRate, updRate, loss, float64(p99(base.lat))/1e6, float64(p99(upd.lat))/1e6, float64(visP99)/1e6, loop.failed.Load(),
 		baseCPU.coreBusy, updCPU.coreBusy, baseCPU.procs["embedder"], updCPU.procs["embedder"])
+}
+
+// meanShares averages the windows' shares of the mesh's core.
+func meanShares(ws []cpuShares) cpuShares {
+	m := cpuShares{procs: map[string]float64{}}
+	for _, w := range ws {
+		m.coreBusy += w.coreBusy / float64(len(ws))
+		for name, v := range w.procs {
+			m.procs[name] += v / float64(len(ws))
+		}
+	}
+	return m
 }
 
 // profile keeps the embedder's CPU profile of the next seconds in
