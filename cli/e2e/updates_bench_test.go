@@ -226,7 +226,7 @@ func TestBenchUpdates(t *testing.T) {
 		}
 		msgs = append(msgs, m)
 	}
-	vis := watchVisibility(js, modelID)
+	vis := watchVisibility(t, nc, js)
 	defer vis.close()
 	// The trainer publishes at the rate while running is set; the windows
 	// switch it on and off.

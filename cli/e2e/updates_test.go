@@ -319,7 +319,7 @@ func TestE2EUpdates(t *testing.T) {
 	// denseLo is the dense version the accelerator reported swapped in,
 	// denseHi the last one put into the object store.
 	var denseLo, denseHi atomic.Int64
-	vis := watchVisibility(js, modelID)
+	vis := watchVisibility(t, nc, js)
 	defer vis.close()
 
 	// The load: requests of 16 examples over the whole id range, checked
@@ -749,8 +749,15 @@ type visibility struct {
 	stop, done chan struct{}
 }
 
-func watchVisibility(js jetstream.JetStream, modelID string) *visibility {
-	v := &visibility{js: js, durable: "embedder-" + modelID, pubAt: map[uint64]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
+// watchVisibility follows the durable consumer the embedder reports in
+// its status.
+func watchVisibility(t *testing.T, nc *nats.Conn, js jetstream.JetStream) *visibility {
+	t.Helper()
+	durable := embedderUpdates(t, nc).Consumer
+	if durable == "" {
+		t.Fatal("the embedder's status names no consumer of the row updates")
+	}
+	v := &visibility{js: js, durable: durable, pubAt: map[uint64]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go v.run()
 	return v
 }

@@ -15,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,8 +42,14 @@ type Options struct {
 	// StreamBytes bounds the stream when the consumer creates it (0:
 	// unlimited).
 	StreamBytes int64
-	Log         *slog.Logger
-	Registry    prometheus.Registerer
+	// Instance names this embedder among those that follow the stream on
+	// one NATS server (the serving pods of a scaled-out mesh): its durable
+	// is embedder-<model id>-<instance>. Embedders sharing a durable would
+	// split the updates between them, each applying only some. It must be
+	// a valid consumer name part (CheckInstance); empty leaves it out.
+	Instance string
+	Log      *slog.Logger
+	Registry prometheus.Registerer
 }
 
 // RecordEvery is how often the applied sequence is persisted while it
@@ -289,8 +297,12 @@ func (c *Consumer) apply(data []byte, seq uint64, f func(updates.Message) error)
 func (c *Consumer) Status() control.UpdatesStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	var consumer string
+	if c.cur.modelID != "" {
+		consumer = c.durable(c.cur)
+	}
 	return control.UpdatesStatus{
-		Subject: c.cur.subject, Base: c.cur.base, Applied: c.applied, Pending: c.pending,
+		Subject: c.cur.subject, Consumer: consumer, Base: c.cur.base, Applied: c.applied, Pending: c.pending,
 		LagSeconds: c.lag.Seconds(), Rows: c.rows, Refused: c.refused, CaughtUp: c.caught, Error: c.lastErr,
 	}
 }
@@ -356,7 +368,48 @@ func (c *Consumer) Run(ctx context.Context) error {
 // errFollow ends consume when Follow set a new target.
 var errFollow = errors.New("rowupdate: following another model")
 
-func (c *Consumer) durable(t target) string { return "embedder-" + t.modelID }
+// durable is the consumer's name for t: one per model and embedder.
+func (c *Consumer) durable(t target) string {
+	if c.opts.Instance == "" {
+		return "embedder-" + t.modelID
+	}
+	return "embedder-" + t.modelID + "-" + c.opts.Instance
+}
+
+// inactiveThreshold is how long the server keeps a durable nobody pulls
+// from: an embedder that is gone (a replaced pod has a new instance name)
+// leaves none behind. Its replacement starts from the serving record, not
+// from a durable's position, so nothing depends on the durable outliving
+// it.
+const inactiveThreshold = time.Hour
+
+// notInName are the characters a NATS consumer name cannot hold.
+const notInName = ".*> \t\r\n/\\"
+
+// CheckInstance refuses an instance name a consumer name cannot hold.
+func CheckInstance(name string) error {
+	if i := strings.IndexAny(name, notInName); i >= 0 {
+		return fmt.Errorf("instance name %q: %q cannot be part of a NATS consumer name", name, name[i])
+	}
+	return nil
+}
+
+// DefaultInstance names an embedder by its host and segment: distinct for
+// the serving pods of a mesh (each its own host name) and for meshes on
+// one host (each its own segment), the same across restarts of one. The
+// characters a consumer name cannot hold become '_'.
+func DefaultInstance(segment string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "host"
+	}
+	return strings.Map(func(r rune) rune {
+		if strings.ContainsRune(notInName, r) {
+			return '_'
+		}
+		return r
+	}, host+"-"+segment)
+}
 
 // consume creates the durable consumer after the last applied sequence and
 // applies messages until it breaks, ctx ends or Follow changes the model.
@@ -377,14 +430,15 @@ func (c *Consumer) consume(ctx context.Context, t target) error {
 		return fmt.Errorf("delete consumer %s: %w", name, err)
 	}
 	cons, err := js.CreateConsumer(ctx, updates.Stream, jetstream.ConsumerConfig{
-		Durable:       name,
-		Description:   "recmesh embedder row updates for " + t.modelID,
-		FilterSubject: t.subject,
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:   from,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		MaxAckPending: 256,
+		Durable:           name,
+		Description:       "recmesh embedder row updates for " + t.modelID,
+		FilterSubject:     t.subject,
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       from,
+		AckPolicy:         jetstream.AckExplicitPolicy,
+		AckWait:           30 * time.Second,
+		MaxAckPending:     256,
+		InactiveThreshold: inactiveThreshold,
 	})
 	if err != nil {
 		return fmt.Errorf("create consumer %s: %w", name, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -429,4 +430,79 @@ func (s *sink) count(table int) int {
 		}
 	}
 	return n
+}
+
+// TestEmbeddersSharingAServerEachApplyEveryUpdate runs two embedders'
+// consumers of one model against one server, as the serving pods of a
+// scaled-out mesh do: each must apply every update (with one durable
+// between them they split the messages, and each one's start deleted the
+// other's), and each durable is reaped once nobody pulls from it.
+func TestEmbeddersSharingAServerEachApplyEveryUpdate(t *testing.T) {
+	ns := startJetStream(t, t.TempDir())
+	_, js := connect(t, ns)
+	subject, _ := updates.RowsSubject("m")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := js.CreateStream(ctx, updates.StreamConfig(0)); err != nil {
+		t.Fatal(err)
+	}
+	const n = 100
+	for k := 1; k <= n/2; k++ {
+		publish(t, js, subject, row(0, k, float32(k)))
+	}
+	sinks := []*sink{{rows: map[[2]int]float32{}}, {rows: map[[2]int]float32{}}}
+	var names []string
+	for i, s := range sinks {
+		c := New(Options{JS: js, Apply: s.apply, Instance: []string{"pod-a", "pod-b"}[i]})
+		if _, err := c.Follow("m", 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = c.Run(ctx) }()
+		waitFor(t, "a consumer's status", func() bool { return c.Status().Consumer != "" })
+		names = append(names, c.Status().Consumer)
+	}
+	if names[0] == names[1] {
+		t.Fatalf("both embedders consume as %s", names[0])
+	}
+	for k := n/2 + 1; k <= n; k++ {
+		publish(t, js, subject, row(0, k, float32(k)))
+	}
+	for i, s := range sinks {
+		deadline := time.Now().Add(20 * time.Second)
+		for s.prefix(0) < n && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if got := s.prefix(0); got < n {
+			t.Fatalf("embedder %s applied updates 1..%d of %d", names[i], got, n)
+		}
+	}
+	for _, name := range names {
+		cons, err := js.Consumer(ctx, updates.Stream, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if th := cons.CachedInfo().Config.InactiveThreshold; th != inactiveThreshold {
+			t.Errorf("durable %s: inactive threshold %v, want %v", name, th, inactiveThreshold)
+		}
+	}
+}
+
+func TestInstanceNames(t *testing.T) {
+	for _, bad := range []string{"a.b", "a b", "a*", "a>", "a/b", "a\\b", "a\tb"} {
+		if err := CheckInstance(bad); err == nil {
+			t.Errorf("CheckInstance(%q) = nil", bad)
+		}
+	}
+	for _, good := range []string{"", "pod-7d9f_x", "recmesh-serving-5c6b9-abcde-recmesh"} {
+		if err := CheckInstance(good); err != nil {
+			t.Errorf("CheckInstance(%q) = %v", good, err)
+		}
+	}
+	name := DefaultInstance("my.seg/ment")
+	if err := CheckInstance(name); err != nil {
+		t.Errorf("DefaultInstance gave %q: %v", name, err)
+	}
+	if !strings.HasSuffix(name, "-my_seg_ment") {
+		t.Errorf("DefaultInstance(%q) = %q, want the segment at its end", "my.seg/ment", name)
+	}
 }

@@ -85,6 +85,9 @@ func (s Status) LanesInUse() int {
 // sequence its publish was acknowledged with.
 type UpdatesStatus struct {
 	Subject string `json:"subject"`
+	// Consumer is the embedder's durable consumer on the stream: one per
+	// embedder, so that each applies every update.
+	Consumer string `json:"consumer,omitempty"`
 	// Base is the stream sequence the serving bundle already includes;
 	// Applied the last sequence applied to the serving tables (≥ Base).
 	Base    uint64 `json:"base"`

@@ -75,7 +75,7 @@ func runUpdateStatus(ctx context.Context, e *env, args []string) error {
 			continue
 		}
 		lines = append(lines, fmt.Sprintf("updates: model=%s subject=%s base=%d applied=%d pending=%d lag_s=%.3f rows_applied=%d refused=%d caught_up=%v",
-			st.ModelID, u.Subject, u.Base, u.Applied, u.Pending, u.LagSeconds, u.Rows, u.Refused, u.CaughtUp)+errDetail(u.Error))
+			st.ModelID, u.Subject, u.Base, u.Applied, u.Pending, u.LagSeconds, u.Rows, u.Refused, u.CaughtUp)+consumerDetail(u.Consumer)+errDetail(u.Error))
 	}
 	if len(lines) == 0 {
 		return fmt.Errorf("update status: row updates are off in the embedder %v (it runs without JetStream or with updates disabled)", off)
@@ -124,4 +124,13 @@ func tablesHash(ctx context.Context, nc *nats.Conn) (control.TablesHashReply, er
 		return rep, errors.New("update status --hash: the embedder's reply has no hash")
 	}
 	return rep, nil
+}
+
+// consumerDetail names the embedder's durable consumer, when it reports
+// one.
+func consumerDetail(name string) string {
+	if name == "" {
+		return ""
+	}
+	return " consumer=" + name
 }

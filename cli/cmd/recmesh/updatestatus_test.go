@@ -56,9 +56,9 @@ func TestUpdateStatus(t *testing.T) {
 	}
 
 	u := &control.UpdatesStatus{Subject: "recmesh.updates.rows.m1", Base: 3, Applied: 42, Pending: 7, LagSeconds: 0.0125,
-		Rows: 40960, Refused: 1, CaughtUp: true}
+		Rows: 40960, Refused: 1, CaughtUp: true, Consumer: "embedder-m1-pod-a"}
 	asked := statusEmbedder(t, s, u, &control.TablesHashReply{Applied: 42, Hash: "00ff"})
-	const want = "updates: model=m1 subject=recmesh.updates.rows.m1 base=3 applied=42 pending=7 lag_s=0.013 rows_applied=40960 refused=1 caught_up=true"
+	const want = "updates: model=m1 subject=recmesh.updates.rows.m1 base=3 applied=42 pending=7 lag_s=0.013 rows_applied=40960 refused=1 caught_up=true consumer=embedder-m1-pod-a"
 	code, stdout, stderr := runT(t, vars, "update", "status")
 	if code != exitOK || stdout != want+"\n" {
 		t.Errorf("exit %d, stdout %q, stderr %q; want %q", code, stdout, stderr, want)

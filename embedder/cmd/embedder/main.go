@@ -102,6 +102,7 @@ func run(args []string) error {
 		natsURL     = fs.String("nats-url", "", "NATS server for the control plane (env NATS_URL; empty: no control plane)")
 		schedBatch  = fs.Bool("sched-batch", true, sched.BatchUsage)
 		rowUpdates  = fs.Bool("updates", true, "apply row updates from the NATS JetStream stream "+updates.Stream+" while serving (with --nats-url); a restarted embedder replays them before it serves (docs/design.md, Row updates)")
+		instance    = fs.String("updates-instance", "", "this embedder's name in its durable consumer of the row updates (embedder-<model id>-<name>): unique among the embedders sharing a NATS server, or they would split the updates between them (default: host name and segment, which the serving pods of a scaled-out mesh already differ in)")
 		streamMiB   = fs.Int64("updates-stream-mib", 0, "size limit of the row-update stream when the embedder creates it (0: unlimited); older updates are dropped beyond it, and a bundle older than the oldest kept one needs a snapshot")
 	)
 	fs.Usage = func() {
@@ -117,6 +118,9 @@ func run(args []string) error {
 	}
 	if *natsURL == "" {
 		*natsURL = os.Getenv("NATS_URL")
+	}
+	if err := rowupdate.CheckInstance(*instance); err != nil {
+		return fmt.Errorf("--updates-instance: %w; name it with letters, digits, '-' and '_'", err)
 	}
 	m, err := batch.ParseMode(*mode)
 	if err != nil {
@@ -211,7 +215,11 @@ func run(args []string) error {
 		})
 		var cons *rowupdate.Consumer
 		if *rowUpdates {
-			if cons, replayed, err = followUpdates(ctx, nc, e, rollouts, *streamMiB<<20, tel); err != nil {
+			name := *instance
+			if name == "" {
+				name = rowupdate.DefaultInstance(*segment)
+			}
+			if cons, replayed, err = followUpdates(ctx, nc, e, rollouts, name, *streamMiB<<20, tel); err != nil {
 				e.Close()
 				return err
 			}
@@ -324,7 +332,7 @@ const updatesGCPercent = 1000
 // The channel it returns is closed once the tables hold every update the
 // serving record says they held before (at once when there is none to
 // replay).
-func followUpdates(ctx context.Context, nc *nats.Conn, e *embedder.Embedder, rollouts *embedder.Rollouts, streamBytes int64, tel *telemetry.Telemetry) (*rowupdate.Consumer, chan struct{}, error) {
+func followUpdates(ctx context.Context, nc *nats.Conn, e *embedder.Embedder, rollouts *embedder.Rollouts, instance string, streamBytes int64, tel *telemetry.Telemetry) (*rowupdate.Consumer, chan struct{}, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--updates: JetStream: %w", err)
@@ -345,6 +353,7 @@ func followUpdates(ctx context.Context, nc *nats.Conn, e *embedder.Embedder, rol
 		Apply:       func(m updates.Message) error { return e.Store().Apply(&scratch, m) },
 		Record:      rollouts.RecordApplied,
 		StreamBytes: streamBytes,
+		Instance:    instance,
 		Log:         tel.Log,
 		Registry:    tel.Registry,
 	})
