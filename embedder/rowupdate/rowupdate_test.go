@@ -92,6 +92,20 @@ func publish(t *testing.T, js jetstream.JetStream, subject string, rows ...updat
 	return ack.Sequence
 }
 
+// newStream starts a JetStream server with the updates stream on it; ctx
+// ends with the test.
+func newStream(t *testing.T) (jetstream.JetStream, context.Context) {
+	t.Helper()
+	ns := startJetStream(t, t.TempDir())
+	_, js := connect(t, ns)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if _, err := js.CreateStream(ctx, updates.StreamConfig(0)); err != nil {
+		t.Fatal(err)
+	}
+	return js, ctx
+}
+
 func row(table, id int, v float32) updates.Row {
 	return updates.Row{Table: table, ID: id, Values: []float32{v, v, v, v}}
 }
@@ -255,14 +269,8 @@ func TestConsumerSurvivesServerRestart(t *testing.T) {
 // moment between the write and the return, as copying a large message
 // does.
 func TestHoldSeesTablesAtApplied(t *testing.T) {
-	ns := startJetStream(t, t.TempDir())
-	_, js := connect(t, ns)
+	js, ctx := newStream(t)
 	subject, _ := updates.RowsSubject("m")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if _, err := js.CreateStream(ctx, updates.StreamConfig(0)); err != nil {
-		t.Fatal(err)
-	}
 	// The stream's sequences start at 1, so message k carries value k.
 	const n = 200
 	for k := 1; k <= n; k++ {
@@ -313,15 +321,9 @@ func TestHoldSeesTablesAtApplied(t *testing.T) {
 // even one the consumer had already fetched for a), and b's updates after
 // the switch must follow on from where the replay ended, none skipped.
 func TestHandoffReplaysBeforeTheSwitch(t *testing.T) {
-	ns := startJetStream(t, t.TempDir())
-	_, js := connect(t, ns)
+	js, ctx := newStream(t)
 	subA, _ := updates.RowsSubject("a")
 	subB, _ := updates.RowsSubject("b")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if _, err := js.CreateStream(ctx, updates.StreamConfig(0)); err != nil {
-		t.Fatal(err)
-	}
 	// Model a's rows are in table 0, b's in table 1; the k-th update of a
 	// model writes row k with value k.
 	var nA, nB atomic.Int64
@@ -438,14 +440,8 @@ func (s *sink) count(table int) int {
 // between them they split the messages, and each one's start deleted the
 // other's), and each durable is reaped once nobody pulls from it.
 func TestEmbeddersSharingAServerEachApplyEveryUpdate(t *testing.T) {
-	ns := startJetStream(t, t.TempDir())
-	_, js := connect(t, ns)
+	js, ctx := newStream(t)
 	subject, _ := updates.RowsSubject("m")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if _, err := js.CreateStream(ctx, updates.StreamConfig(0)); err != nil {
-		t.Fatal(err)
-	}
 	const n = 100
 	for k := 1; k <= n/2; k++ {
 		publish(t, js, subject, row(0, k, float32(k)))
