@@ -74,6 +74,10 @@ type target struct {
 	subject string
 	base    uint64 // the bundle holds every update up to base
 	until   uint64 // caught up once applied ≥ until and nothing is pending
+	// follow numbers the targets set, so that a new one differs from the
+	// last even when it names the same model and sequences: a message
+	// fetched before must not pass for one fetched after.
+	follow uint64
 }
 
 // Consumer applies one model's row updates as they come.
@@ -88,6 +92,7 @@ type Consumer struct {
 	applying sync.Mutex
 
 	mu       sync.Mutex
+	follows  uint64 // targets set so far
 	cur      target
 	applied  uint64
 	pending  uint64
@@ -150,6 +155,8 @@ func (c *Consumer) Follow(modelID string, base, until uint64) (<-chan struct{}, 
 // applied, and hands it to Run.
 func (c *Consumer) follow(t target, applied uint64) <-chan struct{} {
 	c.mu.Lock()
+	c.follows++
+	t.follow = c.follows
 	c.cur, c.applied, c.pending, c.caught = t, applied, 0, false
 	c.caughtUp = make(chan struct{})
 	ch := c.caughtUp

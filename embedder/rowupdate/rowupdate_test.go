@@ -483,6 +483,26 @@ func TestEmbeddersSharingAServerEachApplyEveryUpdate(t *testing.T) {
 	}
 }
 
+// TestFollowingTheSameTargetAgain: a target set again with the same model
+// and sequences is a new one, so messages fetched for the first no longer
+// pass for it.
+func TestFollowingTheSameTargetAgain(t *testing.T) {
+	c := New(Options{Apply: func(updates.Message) error { return nil }})
+	if _, err := c.Follow("m", 5, 5); err != nil {
+		t.Fatal(err)
+	}
+	first := c.cur
+	if _, err := c.Follow("m", 5, 5); err != nil {
+		t.Fatal(err)
+	}
+	if c.following(first) {
+		t.Fatal("a message fetched for the first target passes for the second")
+	}
+	if !c.following(c.cur) {
+		t.Fatal("the current target is not followed")
+	}
+}
+
 func TestInstanceNames(t *testing.T) {
 	for _, bad := range []string{"a.b", "a b", "a*", "a>", "a/b", "a\\b", "a\tb"} {
 		if err := CheckInstance(bad); err == nil {
