@@ -262,7 +262,7 @@ func (c *Consumer) catchUp(ctx context.Context, subject string, after uint64, ap
 			return seq, fmt.Errorf("after sequence %d: message without metadata: %w", seq, err)
 		}
 		seq = meta.Sequence.Stream
-		c.apply(msg.Data(), seq, apply)
+		_ = c.apply(msg.Data(), seq, apply) // a refusal is counted and logged; the replay goes on
 	}
 	return seq, nil
 }
@@ -275,8 +275,8 @@ func noJetStream(err error) bool {
 }
 
 // apply decodes and applies one message with f, or refuses it: counted,
-// logged, the tables unchanged. It reports the rows applied.
-func (c *Consumer) apply(data []byte, seq uint64, f func(updates.Message) error) (int, error) {
+// logged, the tables unchanged.
+func (c *Consumer) apply(data []byte, seq uint64, f func(updates.Message) error) error {
 	start := time.Now()
 	m, err := updates.Decode(data)
 	if err == nil {
@@ -289,7 +289,7 @@ func (c *Consumer) apply(data []byte, seq uint64, f func(updates.Message) error)
 		c.mu.Lock()
 		c.refused++
 		c.mu.Unlock()
-		return 0, err
+		return err
 	}
 	c.m.apply.Observe(time.Since(start).Seconds())
 	c.m.rows.Add(float64(m.Len()))
@@ -297,7 +297,7 @@ func (c *Consumer) apply(data []byte, seq uint64, f func(updates.Message) error)
 	c.mu.Lock()
 	c.rows += uint64(m.Len())
 	c.mu.Unlock()
-	return m.Len(), nil
+	return nil
 }
 
 // Status is the consumer's position, for the control plane.
@@ -533,7 +533,7 @@ func (c *Consumer) handle(msg jetstream.Msg, t target) {
 		return
 	}
 	seq := meta.Sequence.Stream
-	if _, err := c.apply(msg.Data(), seq, c.opts.Apply); err != nil {
+	if err := c.apply(msg.Data(), seq, c.opts.Apply); err != nil {
 		_ = msg.Term()
 	} else {
 		_ = msg.Ack()
