@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 		shmtest.DropCapabilities()
 		os.Exit(runHostile(spec))
 	}
+	if spec := os.Getenv(natsProcessEnv); spec != "" {
+		os.Exit(runNATSProcess(spec))
+	}
 	os.Exit(m.Run())
 }
 
