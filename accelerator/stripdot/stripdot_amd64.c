@@ -153,29 +153,52 @@ void stripdot_multiply_avx512_bf16(const float* x, int64_t m, int64_t k, const u
 // ---- AVX2 kernel ----------------------------------------------------------
 //
 // For CPUs with AVX2 and FMA but no AVX-512 (AMD EPYC before Zen 4, and
-// VMs that hide AVX-512). It reads the same packed strips: with 16 ymm
+// VMs that hide AVX-512). It reads the same packed strips. With 16 ymm
 // registers a whole 32-column strip (four registers a row) leaves room for
-// the accumulators of only two rows, so each block covers one 16-column
-// half of the strip (two registers a row) for up to MR2 rows, and the two
-// halves run one after the other. Each output element is still the FMA
-// chain over k from zero, in order, so the result equals the AVX-512
-// kernel's bit for bit.
+// the accumulators of only two rows, so up to MR2_WIDE rows take a strip in
+// one pass and more rows take it in 16-column halves (two registers a row)
+// for up to MR2 rows a block, the halves one after the other.
 //
-// MR2 and PREFETCH_AVX2 were tuned on an AVX-512 Xeon running this path
-// (the only machine at hand), so they are to be measured again on an
-// AVX2-only host, whose caches and memory latency differ (Zen 2 and 3 have
-// 512 KiB of L2, barely more than the widest strip of the MLPerf network).
+// The AVX-512 kernel streams each strip from memory in its first block and
+// finds it in L2 for the others. On Zen 3 (AMD EPYC, 512 KiB of L2 per
+// core, one core reading memory at 16-18 GB/s) that left memory idle while
+// the later blocks and halves ran from L2, and the widest strips of the
+// MLPerf network (3,456 rows, 432 KiB) barely fit in L2 at all. So this
+// kernel walks each strip in chunks of KC2 rows and, while it computes one
+// chunk, prefetches the next one (the next bytes of the packed weights,
+// in this strip or the next) spread evenly over all of the chunk's passes:
+// memory streams the whole time, every pass reads L2, and two chunks
+// (128 KiB in float32) sit well inside L2. Between chunks the partial sums
+// go through out, which does not round them: each output element is still
+// the FMA chain over k from zero, in order, so the result equals the
+// AVX-512 kernel's bit for bit.
+//
+// Measured on the MLPerf network's products on one core of an AMD EPYC
+// (Zen 3) VM, against the same kernel without chunks, best of 7 each,
+// interleaved: float32 1.1-1.3x at 1 to 4 rows, 1.1-1.7x at 8 and 16,
+// 0.85-1.3x at 32 to 128 (where that VM's neighbours moved single runs by
+// 30 %); fp16 strips 1.3-1.5x at 1 and 2 rows. KC2 of 256 and 1024
+// measured alike within the noise, as did prefetching into L2 only or
+// non-temporally. The executor's start-up race still picks XLA's dot for
+// any bucket where this loses.
 
-// Rows per block: 2*MR2 accumulators plus two weight registers and a
-// broadcast fill 15 of the 16 ymm registers; fewer rows would stream each
-// strip from L2 more often for the same arithmetic.
+// Rows per block when a block takes half a strip: 2*MR2 accumulators plus
+// two weight registers and a broadcast fill 15 of the 16 ymm registers.
 #define MR2 6
 
-// Strip rows fetched ahead of use, for the same reason as PREFETCH. The
-// first half's pass fetches both cache lines of each strip row, so that
-// the second half's finds them in L2 and only one pass over a strip reads
-// memory. 8 to 24 rows measured alike within the noise of a shared 2-core
-// VM, 32 and 64 no better; 16 is the AVX-512 kernel's distance.
+// Rows that take a whole strip in one pass: 4*MR2_WIDE accumulators plus
+// four weight registers and a broadcast.
+#define MR2_WIDE 2
+
+// Strip rows per chunk.
+#ifndef KC2
+#define KC2 512
+#endif
+
+// Strip rows fetched ahead of use within a chunk, for the same reason as
+// PREFETCH: the chunk after the first is already on its way to L2, and
+// this brings it on to L1; for the first chunk of a product it is the
+// only prefetch.
 #ifndef PREFETCH_AVX2
 #define PREFETCH_AVX2 16
 #endif
@@ -202,63 +225,92 @@ static inline __attribute__((always_inline)) AVX2 __m256 load8(const char* p, co
   }
 }
 
-// block_avx2 computes rows [0, R) of 16 columns of a strip, half pointing
-// at the strip's first row in those columns. R and elem are constants at
-// each call site, so the loops over r unroll and the widening is fixed.
-// whole says whether to prefetch the strip's other half too; a half
-// strip's row is one cache line, which the first half's prefetch brings
-// whole.
-static inline __attribute__((always_inline)) AVX2 void block_avx2(const float* x, int64_t k, const char* half,
-                                                                  float* out, int64_t ldo, const int R,
-                                                                  const int whole, const int elem) {
+// pass_avx2 computes rows [0, R) of W*8 columns of a strip over kc of its
+// rows: w points at the first of those rows in those columns, x and out at
+// the rows' first elements (row strides ldx and ldo). first says whether
+// the sums start at zero or at what out holds. Over the pass it prefetches
+// slice bytes from next (none where next is NULL), in even steps. R, W
+// and elem are constants at each call site, so the loops over r and j
+// unroll and the widening is fixed.
+static inline __attribute__((always_inline)) AVX2 void pass_avx2(const float* x, int64_t ldx, int64_t kc,
+                                                                 const char* w, float* out, int64_t ldo,
+                                                                 const int first, const char* next,
+                                                                 int64_t slice, const int R, const int W,
+                                                                 const int elem) {
   const int64_t row = STRIPDOT_WIDTH * ELEM_SIZE(elem);
   const int64_t ahead = (elem == ELEM_F32 ? PREFETCH_AVX2 : PREFETCH_AVX2_HALF) * row;
-  __m256 lo[MR2], hi[MR2];
+  // The prefetch of row i goes to next + i*slice/kc, in 16.16 fixed point
+  // to keep a division out of the loop, and takes two lines where the
+  // slice is more than a line a row.
+  const int64_t step = next != NULL ? (slice << 16) / kc : 0;
+  const int two = slice > 64 * kc;
+  __m256 acc[MR2][4];
 #pragma GCC unroll 6
   for (int r = 0; r < R; r++) {
-    lo[r] = _mm256_setzero_ps();
-    hi[r] = _mm256_setzero_ps();
-  }
-  for (int64_t i = 0; i < k; i++) {
-    const char* w = half + i * row;
-    _mm_prefetch(w + ahead, _MM_HINT_T0);
-    if (whole && row > 64) {
-      _mm_prefetch(w + ahead + 64, _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int j = 0; j < W; j++) {
+      acc[r][j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + r * ldo + 8 * j);
     }
-    const __m256 w0 = load8(w, elem);
-    const __m256 w1 = load8(w + 8 * ELEM_SIZE(elem), elem);
+  }
+  for (int64_t i = 0; i < kc; i++) {
+    const char* wi = w + i * row;
+    _mm_prefetch(wi + ahead, _MM_HINT_T0);
+    if (W == 4 && row > 64) {
+      _mm_prefetch(wi + ahead + 64, _MM_HINT_T0);
+    }
+    if (next != NULL) {
+      const char* p = next + ((i * step) >> 16);
+      _mm_prefetch(p, _MM_HINT_T0);
+      if (two) {
+        _mm_prefetch(p + 64, _MM_HINT_T0);
+      }
+    }
+    __m256 wv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < W; j++) {
+      wv[j] = load8(wi + 8 * j * ELEM_SIZE(elem), elem);
+    }
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
-      const __m256 a = _mm256_broadcast_ss(x + r * k + i);
-      lo[r] = _mm256_fmadd_ps(a, w0, lo[r]);
-      hi[r] = _mm256_fmadd_ps(a, w1, hi[r]);
+      const __m256 a = _mm256_broadcast_ss(x + r * ldx + i);
+#pragma GCC unroll 4
+      for (int j = 0; j < W; j++) {
+        acc[r][j] = _mm256_fmadd_ps(a, wv[j], acc[r][j]);
+      }
     }
   }
 #pragma GCC unroll 6
   for (int r = 0; r < R; r++) {
-    _mm256_storeu_ps(out + r * ldo, lo[r]);
-    _mm256_storeu_ps(out + r * ldo + 8, hi[r]);
+#pragma GCC unroll 4
+    for (int j = 0; j < W; j++) {
+      _mm256_storeu_ps(out + r * ldo + 8 * j, acc[r][j]);
+    }
   }
 }
 
-// halves_avx2 computes R rows of a whole strip, first half then second.
-static inline __attribute__((always_inline)) AVX2 void halves_avx2(const float* x, int64_t k, const char* strip,
-                                                                   float* out, int64_t ldo, const int R,
-                                                                   const int elem) {
-  block_avx2(x, k, strip, out, ldo, R, 1, elem);
-  block_avx2(x, k, strip + 16 * ELEM_SIZE(elem), out + 16, ldo, R, 0, elem);
-}
+#define PASS_AVX2(R, W) pass_avx2(x, ldx, kc, w, out, ldo, first, next, slice, R, W, elem)
 
-static inline __attribute__((always_inline)) AVX2 void rows_avx2(const float* x, int64_t k, const char* strip,
-                                                                 float* out, int64_t ldo, int64_t r,
+// rows_avx2 is pass_avx2 for r rows, r at most MR2_WIDE where wide (W = 4)
+// and at most MR2 otherwise (W = 2).
+static inline __attribute__((always_inline)) AVX2 void rows_avx2(const float* x, int64_t ldx, int64_t kc,
+                                                                 const char* w, float* out, int64_t ldo,
+                                                                 const int first, const char* next,
+                                                                 int64_t slice, int64_t r, const int wide,
                                                                  const int elem) {
+  if (wide) {
+    switch (r) {
+      case 1: PASS_AVX2(1, 4); break;
+      default: PASS_AVX2(2, 4); break;
+    }
+    return;
+  }
   switch (r) {
-    case 1: halves_avx2(x, k, strip, out, ldo, 1, elem); break;
-    case 2: halves_avx2(x, k, strip, out, ldo, 2, elem); break;
-    case 3: halves_avx2(x, k, strip, out, ldo, 3, elem); break;
-    case 4: halves_avx2(x, k, strip, out, ldo, 4, elem); break;
-    case 5: halves_avx2(x, k, strip, out, ldo, 5, elem); break;
-    default: halves_avx2(x, k, strip, out, ldo, 6, elem); break;
+    case 1: PASS_AVX2(1, 2); break;
+    case 2: PASS_AVX2(2, 2); break;
+    case 3: PASS_AVX2(3, 2); break;
+    case 4: PASS_AVX2(4, 2); break;
+    case 5: PASS_AVX2(5, 2); break;
+    default: PASS_AVX2(6, 2); break;
   }
 }
 
@@ -266,12 +318,37 @@ static inline __attribute__((always_inline)) AVX2 void multiply_avx2(const float
                                                                      const void* packed, int64_t n, float* out,
                                                                      const int elem) {
   const int64_t strips = n / STRIPDOT_WIDTH;
-  // Full blocks first and the rest last, as in the AVX-512 kernel.
+  const int64_t row = STRIPDOT_WIDTH * ELEM_SIZE(elem);
+  const int wide = m <= MR2_WIDE;
+  const int64_t mr = wide ? MR2_WIDE : MR2;
+  // Passes over each chunk: one a block when wide, else two (the halves).
+  const int64_t passes = (wide ? 1 : 2) * ((m + mr - 1) / mr);
   for (int64_t s = 0; s < strips; s++) {
-    const char* strip = (const char*)packed + s * k * STRIPDOT_WIDTH * ELEM_SIZE(elem);
-    for (int64_t r0 = 0; r0 < m; r0 += MR2) {
-      const int64_t r = m - r0 < MR2 ? m - r0 : MR2;
-      rows_avx2(x + r0 * k, k, strip, out + r0 * n + s * STRIPDOT_WIDTH, n, r, elem);
+    for (int64_t c0 = 0; c0 < k; c0 += KC2) {
+      const int64_t kc = k - c0 < KC2 ? k - c0 : KC2;
+      const char* chunk = (const char*)packed + (s * k + c0) * row;
+      // The next chunk's rows: the rest of this strip, or the next strip's
+      // first chunk, or none after the last.
+      int64_t nk = 0;
+      if (c0 + kc < k) {
+        nk = k - c0 - kc < KC2 ? k - c0 - kc : KC2;
+      } else if (s + 1 < strips) {
+        nk = k < KC2 ? k : KC2;
+      }
+      // Each pass prefetches its share of the next chunk, in whole lines.
+      const int64_t slice = (nk * row / passes + 63) & ~(int64_t)63;
+      const int first = c0 == 0;
+      int64_t p = 0;
+      for (int64_t r0 = 0; r0 < m; r0 += mr) {
+        const int64_t r = m - r0 < mr ? m - r0 : mr;
+        const float* xb = x + r0 * k + c0;
+        float* ob = out + r0 * n + s * STRIPDOT_WIDTH;
+        rows_avx2(xb, k, kc, chunk, ob, n, first, nk ? chunk + kc * row + p++ * slice : NULL, slice, r, wide, elem);
+        if (!wide) {
+          rows_avx2(xb, k, kc, chunk + 16 * ELEM_SIZE(elem), ob + 16, n, first,
+                    nk ? chunk + kc * row + p++ * slice : NULL, slice, r, 0, elem);
+        }
+      }
     }
   }
 }
