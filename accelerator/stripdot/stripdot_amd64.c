@@ -317,6 +317,9 @@ static inline __attribute__((always_inline)) AVX2 void rows_avx2(const float* x,
 static inline __attribute__((always_inline)) AVX2 void multiply_avx2(const float* x, int64_t m, int64_t k,
                                                                      const void* packed, int64_t n, float* out,
                                                                      const int elem) {
+  if (m <= 0) {
+    return;  // nothing to compute, and no passes to share the prefetch
+  }
   const int64_t strips = n / STRIPDOT_WIDTH;
   const int64_t row = STRIPDOT_WIDTH * ELEM_SIZE(elem);
   const int wide = m <= MR2_WIDE;

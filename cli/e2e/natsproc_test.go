@@ -76,7 +76,7 @@ func runNATSProcess(spec string) int {
 		fmt.Fprintf(os.Stderr, "%s: want port,store directory, got %q\n", natsProcessEnv, spec)
 		return 2
 	}
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: port, NoSigs: true, NoLog: true, JetStream: true, StoreDir: store})
+	ns, err := natsserver.NewServer(jetStreamOptions(port, store))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "nats process: %v\n", err)
 		return 1

@@ -57,7 +57,7 @@ func startJetStreamServer(t *testing.T) *jsServer {
 
 func (s *jsServer) start() {
 	s.t.Helper()
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: s.port, NoSigs: true, NoLog: true, JetStream: true, StoreDir: s.store})
+	ns, err := natsserver.NewServer(jetStreamOptions(s.port, s.store))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -74,6 +74,12 @@ func (s *jsServer) stop() {
 		s.ns.WaitForShutdown()
 		s.ns = nil
 	}
+}
+
+// jetStreamOptions configures every test's NATS server, in this process
+// or in its own: loopback only, JetStream with its file store in store.
+func jetStreamOptions(port int, store string) *natsserver.Options {
+	return &natsserver.Options{Host: "127.0.0.1", Port: port, NoSigs: true, NoLog: true, JetStream: true, StoreDir: store}
 }
 
 func (s *jsServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
