@@ -542,6 +542,7 @@ func (c *Consumer) handle(msg jetstream.Msg, t target) {
 	c.m.applied.Set(float64(seq))
 	c.m.lagMessages.Set(float64(meta.NumPending))
 	c.m.lagSeconds.Set(lag.Seconds())
+	c.m.visible.Observe(lag.Seconds())
 	c.mu.Lock()
 	c.applied, c.pending, c.lag = seq, meta.NumPending, lag
 	c.checkCaughtUpLocked()

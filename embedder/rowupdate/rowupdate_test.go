@@ -3,6 +3,7 @@ package rowupdate
 import (
 	"context"
 	"errors"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/recmesh/recmesh/proto/updates"
 )
@@ -134,7 +136,8 @@ func TestConsumerAppliesRefusesAndReplays(t *testing.T) {
 
 	s := &sink{rows: map[[2]int]float32{}}
 	var recorded sync.Map
-	c := New(Options{JS: js, Apply: s.apply, Record: func(seq uint64) error { recorded.Store("seq", seq); return nil }})
+	reg := prometheus.NewRegistry()
+	c := New(Options{JS: js, Apply: s.apply, Registry: reg, Record: func(seq uint64) error { recorded.Store("seq", seq); return nil }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	caught, err := c.Follow("m1", 0, 0)
@@ -168,6 +171,11 @@ func TestConsumerAppliesRefusesAndReplays(t *testing.T) {
 	}
 	if c.Applied() < bad {
 		t.Fatal("applied sequence behind a refused message")
+	}
+	// Every message of m1 handled, applied or refused, has its time to
+	// visibility observed, and none of the other model's.
+	if n, max := visibleObservations(t, reg); n != 4 || max <= 0 || max > 20 {
+		t.Fatalf("visibility histogram: %d observations, largest bucket reached %gs; want 4, within the test's time", n, max)
 	}
 
 	// The consumer was acknowledging: the durable has nothing pending.
@@ -521,4 +529,29 @@ func TestInstanceNames(t *testing.T) {
 	if !strings.HasSuffix(name, "-my_seg_ment") {
 		t.Errorf("DefaultInstance(%q) = %q, want the segment at its end", "my.seg/ment", name)
 	}
+}
+
+// visibleObservations reads recmesh_embedder_update_visible_seconds from
+// reg: its count, and the upper bound of the lowest bucket holding every
+// observation.
+func visibleObservations(t *testing.T, reg *prometheus.Registry) (uint64, float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "recmesh_embedder_update_visible_seconds" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		for _, b := range h.GetBucket() {
+			if b.GetCumulativeCount() == h.GetSampleCount() {
+				return h.GetSampleCount(), b.GetUpperBound()
+			}
+		}
+		return h.GetSampleCount(), math.Inf(1)
+	}
+	t.Fatal("no recmesh_embedder_update_visible_seconds registered")
+	return 0, 0
 }
