@@ -26,7 +26,9 @@ e2e-updates: deps
 
 # bench-updates: row updates against serving, as #45 sets the targets: the
 # mesh pinned to one core on the 3.2 GB hostbound tables, closed-loop
-# B_req 16 from BENCH_UPDATES_CLIENTS (16) clients, BENCH_UPDATES_SECONDS
+# B_req 16 from BENCH_UPDATES_CLIENTS (16) clients of the kind
+# BENCH_UPDATES_CLIENT names (lean, bench/h2client as make bench uses; or
+# grpc, grpc-go's, which costs the shared core more), BENCH_UPDATES_SECONDS
 # (15) without and as long with a trainer publishing BENCH_UPDATES_RATE
 # rows/s (250,000), in three rounds that alternate the two, so a drift of
 # the shared host falls on both sides. Prints where the mesh's core went in each window (busy
@@ -41,11 +43,12 @@ e2e-updates: deps
 BENCH_UPDATES_RATE    ?= 250000
 BENCH_UPDATES_SECONDS ?= 15
 BENCH_UPDATES_CLIENTS ?= 16
+BENCH_UPDATES_CLIENT  ?= lean
 
 bench-updates: deps build $(HOSTBOUND_BUNDLE)/model.safetensors
 	RECMESH_BENCH_UPDATES=1 RECMESH_BENCH_UPDATES_BUNDLE=$(HOSTBOUND_BUNDLE) \
 		RECMESH_BENCH_UPDATES_ROWS_PER_S=$(BENCH_UPDATES_RATE) RECMESH_BENCH_UPDATES_SECONDS=$(BENCH_UPDATES_SECONDS) \
-		RECMESH_BENCH_UPDATES_CLIENTS=$(BENCH_UPDATES_CLIENTS) \
+		RECMESH_BENCH_UPDATES_CLIENTS=$(BENCH_UPDATES_CLIENTS) RECMESH_BENCH_UPDATES_CLIENT=$(BENCH_UPDATES_CLIENT) \
 		$(GO) test -count=1 -timeout 20m -run 'TestBenchUpdates$$' -v ./cli/e2e/ > $(DEPS)/bench-updates.log 2>&1 || { \
 		tail -n 40 $(DEPS)/bench-updates.log; echo "bench-updates: failed (whole log in .deps/bench-updates.log)"; exit 1; }
 	@grep -E '(mesh core|bench process) with(out)? updates: ' $(DEPS)/bench-updates.log | sed 's/^ *[a-z_]*_test.go:[0-9]*: //' || true
