@@ -43,12 +43,13 @@ round 1's arms), both compiled and run by the accelerator's runtime in one
 process, alternating, for twice as many rounds of half the time;
 program_ratio is the median over those rounds of recmesh's calls/s over
 JAX's. Where ratio and program_ratio part, the difference is in the
-runtimes, not the programs. hlobench feeds every argument float32 values,
-so it runs float32 programs only: at a half precision both programs take
-half arguments (recmesh's its f16 or bf16 weights, JAX's float16 or
-uint16, bf16's bits), hlobench refuses them, and program_ratio is na, with
-a line saying why (ratio, measured in the two runtimes, still compares the
-two). The last lines are, per bucket and precision,
+runtimes, not the programs. hlobench gives each argument the type the
+program declares, so at a half precision both programs take half weights
+(recmesh's its f16 or bf16, JAX's float16, or uint16 holding bf16's bits)
+as they do in their runtimes. Should hlobench still fail on a program,
+program_ratio is na, with a line saying why (ratio, measured in the two
+runtimes, still compares the two); at fp32 the bench fails. The last
+lines are, per bucket and precision,
 
   model: bucket=<b> dense_dtype=<d> examples_per_s=<x> jax_examples_per_s=<y>
       jax_fp32_examples_per_s=<f> ratio=<x/y, paired> fp32_ratio=<x/f, paired>
@@ -282,9 +283,7 @@ def main(argv=None):
                          "--duration", f"{args.duration / 2}s"]
         for prog in programs:
             hlo_cmd += ["--program", prog]
-        # hlobench runs float32 programs only (every argument gets float32
-        # values): a half precision's JAX program takes half weights.
-        out = run(hlo_cmd, echo=True, may_fail=d != "fp32", quiet=d != "fp32")
+        out = run(hlo_cmd, echo=True, may_fail=d != "fp32")
         if out is None:
             print(f"model: dense_dtype={d}: hlobench cannot run these programs ({run.last_error.strip()[:300]}); "
                   "program_ratio=na", flush=True)

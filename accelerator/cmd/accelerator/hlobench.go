@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -15,9 +17,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gomlx/gopjrt/dtypes"
 	"github.com/gomlx/gopjrt/pjrt"
 
 	"github.com/recmesh/recmesh/accelerator/executor"
+	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
 
@@ -28,8 +32,11 @@ import (
 //	hlo: round=<r> program=<file> calls_per_s=<x> ms_per_call=<y>
 //
 // then, per module, the median over rounds. Every module gets arguments of
-// the shapes its main function declares, filled with the same small
-// pseudo-random values, and is run as the executor runs its own: inputs on
+// the shapes and element types its main function declares, filled with
+// the same small pseudo-random values (float32 draws, rounded to f16 or
+// bf16 where an argument is half; ui16 arguments get bf16 bits, which is
+// how JAX passes bf16 weights to a plugin without the type), and is run as
+// the executor runs its own: inputs on
 // the device, the result copied to the host. `make bench-model` times
 // recmesh's program and the one JAX lowers this way, so that the programs
 // are compared with everything else held equal: the runtime, the process,
@@ -137,16 +144,24 @@ func loadHLOModule(c *pjrt.Client, file string) (*hloModule, error) {
 	}
 	// The same values for every module: one seed, in argument order.
 	rng := rand.New(rand.NewPCG(1, 2))
-	for i, dims := range shapes {
+	for i, a := range shapes {
 		n := 1
-		for _, d := range dims {
+		for _, d := range a.dims {
 			n *= d
 		}
-		data := make([]float32, n)
-		for k := range data {
-			data[k] = (rng.Float32() - 0.5) * 0.05
+		raw := make([]byte, n*a.dtype.Size())
+		for k := range n {
+			v := (rng.Float32() - 0.5) * 0.05
+			switch a.dtype {
+			case dtypes.Float32:
+				binary.NativeEndian.PutUint32(raw[4*k:], math.Float32bits(v))
+			case dtypes.Float16:
+				binary.NativeEndian.PutUint16(raw[2*k:], model.Float32ToHalf(v))
+			default: // bf16, and ui16 carrying bf16's bits
+				binary.NativeEndian.PutUint16(raw[2*k:], model.Float32ToBF16(v))
+			}
 		}
-		buf, err := c.BufferFromHost().FromFlatDataWithDimensions(data, dims).Done()
+		buf, err := c.BufferFromHost().FromRawData(raw, a.dtype, a.dims).Done()
 		if err != nil {
 			m.close()
 			return nil, fmt.Errorf("hlobench: %s: argument %d: %w", file, i, err)
@@ -219,9 +234,23 @@ var mainSignature = regexp.MustCompile(`func\.func\s+(?:public\s+)?@main\(`)
 // argTensor is one argument's name and tensor type.
 var argTensor = regexp.MustCompile(`%[\w.]+\s*:\s*tensor<([^>]*)>`)
 
-// mainArgShapes returns the shape of every argument of main, which must
-// all be f32 tensors.
-func mainArgShapes(text string) ([][]int, error) {
+// argType is one argument of main: its shape and element type.
+type argType struct {
+	dims  []int
+	dtype dtypes.DType
+}
+
+// argElements are the element types hlobench can fill.
+var argElements = map[string]dtypes.DType{
+	"f32":  dtypes.Float32,
+	"f16":  dtypes.Float16,
+	"bf16": dtypes.BFloat16,
+	"ui16": dtypes.Uint16,
+}
+
+// mainArgShapes returns the shape and element type of every argument of
+// main, which must all be static tensors of f32, f16, bf16 or ui16.
+func mainArgShapes(text string) ([]argType, error) {
 	loc := mainSignature.FindStringIndex(text)
 	if loc == nil {
 		return nil, fmt.Errorf("no main function")
@@ -243,11 +272,12 @@ func mainArgShapes(text string) ([][]int, error) {
 	if end < 0 {
 		return nil, fmt.Errorf("main's argument list does not end")
 	}
-	var shapes [][]int
+	var shapes []argType
 	for i, m := range argTensor.FindAllStringSubmatch(text[loc[1]:end], -1) {
 		parts := strings.Split(m[1], "x")
-		if parts[len(parts)-1] != "f32" {
-			return nil, fmt.Errorf("argument %d is tensor<%s>: only f32 tensors are supported", i, m[1])
+		dt, ok := argElements[parts[len(parts)-1]]
+		if !ok {
+			return nil, fmt.Errorf("argument %d is tensor<%s>: only f32, f16, bf16 and ui16 tensors are supported", i, m[1])
 		}
 		dims := []int{}
 		for _, p := range parts[:len(parts)-1] {
@@ -257,7 +287,7 @@ func mainArgShapes(text string) ([][]int, error) {
 			}
 			dims = append(dims, d)
 		}
-		shapes = append(shapes, dims)
+		shapes = append(shapes, argType{dims, dt})
 	}
 	if len(shapes) == 0 {
 		return nil, fmt.Errorf("main has no tensor arguments")

@@ -8,25 +8,30 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gomlx/gopjrt/dtypes"
+
 	"github.com/recmesh/recmesh/accelerator/dcn"
 	"github.com/recmesh/recmesh/accelerator/device"
 	"github.com/recmesh/recmesh/model"
 )
 
 func TestMainArgShapes(t *testing.T) {
+	f32 := func(dims ...int) argType { return argType{dims, dtypes.Float32} }
 	for _, tc := range []struct {
 		name, text string
-		want       [][]int
+		want       []argType
 		err        string
 	}{
 		{"jax", `module @jit_forward attributes {mhlo.num_partitions = 1 : i32} {
   func.func public @main(%arg0: tensor<13x512xf32> {sdy.sharding = #sdy.sharding<@empty_mesh, [{}, {}]>}, %arg1: tensor<512xf32> {sdy.sharding = #sdy.sharding<@empty_mesh, [{}]>}) -> (tensor<16xf32> {jax.result_info = "result"}) {`,
-			[][]int{{13, 512}, {512}}, ""},
+			[]argType{f32(13, 512), f32(512)}, ""},
 		{"dcn", `module @dcnv2_b2 {
   func.func @main(%dense: tensor<2x13xf32>, %pooled: tensor<2x26x128xf32>, %cross_0_bias: tensor<3456xf32>) -> tensor<2xf32> {`,
-			[][]int{{2, 13}, {2, 26, 128}, {3456}}, ""},
-		{"scalar", `func.func @main(%x: tensor<f32>) -> tensor<f32> {`, [][]int{{}}, ""},
-		{"int argument", `func.func @main(%ids: tensor<2x26xi32>) -> tensor<2xf32> {`, nil, "argument 0 is tensor<2x26xi32>: only f32"},
+			[]argType{f32(2, 13), f32(2, 26, 128), f32(3456)}, ""},
+		{"half", `func.func @main(%x: tensor<2x13xf32>, %w: tensor<13x512xf16>, %v: tensor<512xbf16>, %bits: tensor<512x256xui16>) -> tensor<2xf32> {`,
+			[]argType{f32(2, 13), {[]int{13, 512}, dtypes.Float16}, {[]int{512}, dtypes.BFloat16}, {[]int{512, 256}, dtypes.Uint16}}, ""},
+		{"scalar", `func.func @main(%x: tensor<f32>) -> tensor<f32> {`, []argType{f32()}, ""},
+		{"int argument", `func.func @main(%ids: tensor<2x26xi32>) -> tensor<2xf32> {`, nil, "argument 0 is tensor<2x26xi32>: only f32, f16, bf16 and ui16"},
 		{"dynamic", `func.func @main(%x: tensor<?x13xf32>) -> tensor<f32> {`, nil, "only static shapes"},
 		{"no main", `func.func @forward(%x: tensor<2xf32>) -> tensor<2xf32> {`, nil, "no main function"},
 		{"unterminated", `func.func @main(%x: tensor<2xf32>`, nil, "does not end"},
@@ -39,7 +44,8 @@ func TestMainArgShapes(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || !slices.EqualFunc(got, tc.want, slices.Equal[[]int]) {
+			same := func(a, b argType) bool { return a.dtype == b.dtype && slices.Equal(a.dims, b.dims) }
+			if err != nil || !slices.EqualFunc(got, tc.want, same) {
 				t.Fatalf("got %v, %v; want %v", got, err, tc.want)
 			}
 		})
@@ -92,6 +98,31 @@ func TestHLOBench(t *testing.T) {
 	}
 	if medians != 2 {
 		t.Errorf("%d median lines, want 2\n%s", medians, out.String())
+	}
+
+	// Half arguments, as recmesh's and JAX's programs at a half dense
+	// precision take their weights: each gets buffers of its own type.
+	half := filepath.Join(dir, "half.mlir")
+	if err := os.WriteFile(half, []byte(`module @half {
+  func.func @main(%a: tensor<4xf16>, %b: tensor<4xbf16>, %c: tensor<2x4xui16>) -> tensor<4xf32> {
+    %0 = stablehlo.convert %a : (tensor<4xf16>) -> tensor<4xf32>
+    %1 = stablehlo.convert %b : (tensor<4xbf16>) -> tensor<4xf32>
+    %2 = stablehlo.slice %c [0:1, 0:4] : (tensor<2x4xui16>) -> tensor<1x4xui16>
+    %3 = stablehlo.reshape %2 : (tensor<1x4xui16>) -> tensor<4xui16>
+    %4 = stablehlo.convert %3 : (tensor<4xui16>) -> tensor<4xf32>
+    %5 = stablehlo.add %0, %1 : tensor<4xf32>
+    %6 = stablehlo.add %5, %4 : tensor<4xf32>
+    return %6 : tensor<4xf32>
+  }
+}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := hloBench(context.Background(), []string{"--program", half, "--rounds", "1", "--duration", "1ms", "--xla-threads", "1"}, &out); err != nil {
+		t.Fatalf("a program with half arguments: %v", err)
+	}
+	if !strings.Contains(out.String(), "hlo: program=half.mlir calls_per_s=") {
+		t.Errorf("a program with half arguments was not timed:\n%s", out.String())
 	}
 
 	bad := filepath.Join(dir, "ids.mlir")
