@@ -6,7 +6,15 @@
 
 DATA nibbles<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f
 DATA nibbles<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f
-GLOBL nibbles<>(SB), RODATA|NOPTR, $16
+DATA nibbles<>+16(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA nibbles<>+24(SB)/8, $0x0f0f0f0f0f0f0f0f
+GLOBL nibbles<>(SB), RODATA|NOPTR, $32
+
+DATA zeros<>+0(SB)/8, $0x0000000000000000
+DATA zeros<>+8(SB)/8, $0x0000000000000000
+DATA zeros<>+16(SB)/8, $0x0000000000000000
+DATA zeros<>+24(SB)/8, $0x0000000000000000
+GLOBL zeros<>(SB), RODATA|NOPTR, $32
 
 DATA quietbit<>+0(SB)/4, $0x00400000
 DATA quietbit<>+4(SB)/4, $0x00400000
@@ -1778,55 +1786,45 @@ poolAVX2Int4_table:
 	VCVTPH2PS    X0, Y8
 	VPBROADCASTW 66(R13), X0
 	VCVTPH2PS    X0, Y9
-	VPMOVZXBW    (R13), X1
-	VPSLLW       $0x04, X1, X0
-	VPOR         X0, X1, X1
-	VPAND        nibbles<>+0(SB), X1, X1
-	VPMOVZXBD    X1, Y0
+	VMOVDQU      (R13), Y1
+	VPSRLW       $0x04, Y1, Y2
+	VPAND        nibbles<>+0(SB), Y2, Y2
+	VPAND        nibbles<>+0(SB), Y1, Y1
+	VPUNPCKLBW   Y2, Y1, Y0
+	VPUNPCKHBW   Y2, Y1, Y4
+	VPUNPCKLBW   zeros<>+0(SB), Y0, Y1
+	VPUNPCKHBW   zeros<>+0(SB), Y0, Y3
+	VPUNPCKLWD   zeros<>+0(SB), Y1, Y0
 	VCVTDQ2PS    Y0, Y0
 	VMULPS       Y8, Y0, Y0
 	VADDPS       Y9, Y0, Y0
-	VPSHUFD      $0xee, X1, X1
-	VPMOVZXBD    X1, Y1
+	VPUNPCKHWD   zeros<>+0(SB), Y1, Y1
 	VCVTDQ2PS    Y1, Y1
 	VMULPS       Y8, Y1, Y1
 	VADDPS       Y9, Y1, Y1
-	VPMOVZXBW    8(R13), X3
-	VPSLLW       $0x04, X3, X2
-	VPOR         X2, X3, X3
-	VPAND        nibbles<>+0(SB), X3, X3
-	VPMOVZXBD    X3, Y2
+	VPUNPCKLWD   zeros<>+0(SB), Y3, Y2
 	VCVTDQ2PS    Y2, Y2
 	VMULPS       Y8, Y2, Y2
 	VADDPS       Y9, Y2, Y2
-	VPSHUFD      $0xee, X3, X3
-	VPMOVZXBD    X3, Y3
+	VPUNPCKHWD   zeros<>+0(SB), Y3, Y3
 	VCVTDQ2PS    Y3, Y3
 	VMULPS       Y8, Y3, Y3
 	VADDPS       Y9, Y3, Y3
-	VPMOVZXBW    16(R13), X5
-	VPSLLW       $0x04, X5, X4
-	VPOR         X4, X5, X5
-	VPAND        nibbles<>+0(SB), X5, X5
-	VPMOVZXBD    X5, Y4
+	VPUNPCKLBW   zeros<>+0(SB), Y4, Y5
+	VPUNPCKHBW   zeros<>+0(SB), Y4, Y7
+	VPUNPCKLWD   zeros<>+0(SB), Y5, Y4
 	VCVTDQ2PS    Y4, Y4
 	VMULPS       Y8, Y4, Y4
 	VADDPS       Y9, Y4, Y4
-	VPSHUFD      $0xee, X5, X5
-	VPMOVZXBD    X5, Y5
+	VPUNPCKHWD   zeros<>+0(SB), Y5, Y5
 	VCVTDQ2PS    Y5, Y5
 	VMULPS       Y8, Y5, Y5
 	VADDPS       Y9, Y5, Y5
-	VPMOVZXBW    24(R13), X7
-	VPSLLW       $0x04, X7, X6
-	VPOR         X6, X7, X7
-	VPAND        nibbles<>+0(SB), X7, X7
-	VPMOVZXBD    X7, Y6
+	VPUNPCKLWD   zeros<>+0(SB), Y7, Y6
 	VCVTDQ2PS    Y6, Y6
 	VMULPS       Y8, Y6, Y6
 	VADDPS       Y9, Y6, Y6
-	VPSHUFD      $0xee, X7, X7
-	VPMOVZXBD    X7, Y7
+	VPUNPCKHWD   zeros<>+0(SB), Y7, Y7
 	VCVTDQ2PS    Y7, Y7
 	VMULPS       Y8, Y7, Y7
 	VADDPS       Y9, Y7, Y7
@@ -1857,62 +1855,52 @@ poolAVX2Int4_bag:
 	VCVTPH2PS    X8, Y8
 	VPBROADCASTW 66(R13), X9
 	VCVTPH2PS    X9, Y9
-	VPMOVZXBW    (R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Y11
+	VMOVDQU      (R13), Y10
+	VPSRLW       $0x04, Y10, Y11
+	VPAND        nibbles<>+0(SB), Y11, Y11
+	VPAND        nibbles<>+0(SB), Y10, Y10
+	VPUNPCKLBW   Y11, Y10, Y12
+	VPUNPCKHBW   Y11, Y10, Y10
+	VPUNPCKLBW   zeros<>+0(SB), Y12, Y11
+	VPUNPCKHBW   zeros<>+0(SB), Y12, Y12
+	VPUNPCKLWD   zeros<>+0(SB), Y11, Y13
+	VCVTDQ2PS    Y13, Y13
+	VMULPS       Y8, Y13, Y13
+	VADDPS       Y9, Y13, Y13
+	VADDPS       Y13, Y0, Y0
+	VPUNPCKHWD   zeros<>+0(SB), Y11, Y11
 	VCVTDQ2PS    Y11, Y11
 	VMULPS       Y8, Y11, Y11
 	VADDPS       Y9, Y11, Y11
-	VADDPS       Y11, Y0, Y0
-	VPSHUFD      $0xee, X10, X10
-	VPMOVZXBD    X10, Y10
-	VCVTDQ2PS    Y10, Y10
-	VMULPS       Y8, Y10, Y10
-	VADDPS       Y9, Y10, Y10
-	VADDPS       Y10, Y1, Y1
-	VPMOVZXBW    8(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Y11
+	VADDPS       Y11, Y1, Y1
+	VPUNPCKLWD   zeros<>+0(SB), Y12, Y11
 	VCVTDQ2PS    Y11, Y11
 	VMULPS       Y8, Y11, Y11
 	VADDPS       Y9, Y11, Y11
 	VADDPS       Y11, Y2, Y2
-	VPSHUFD      $0xee, X10, X10
-	VPMOVZXBD    X10, Y10
-	VCVTDQ2PS    Y10, Y10
-	VMULPS       Y8, Y10, Y10
-	VADDPS       Y9, Y10, Y10
-	VADDPS       Y10, Y3, Y3
-	VPMOVZXBW    16(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Y11
+	VPUNPCKHWD   zeros<>+0(SB), Y12, Y11
 	VCVTDQ2PS    Y11, Y11
 	VMULPS       Y8, Y11, Y11
 	VADDPS       Y9, Y11, Y11
-	VADDPS       Y11, Y4, Y4
-	VPSHUFD      $0xee, X10, X10
-	VPMOVZXBD    X10, Y10
-	VCVTDQ2PS    Y10, Y10
-	VMULPS       Y8, Y10, Y10
-	VADDPS       Y9, Y10, Y10
-	VADDPS       Y10, Y5, Y5
-	VPMOVZXBW    24(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Y11
+	VADDPS       Y11, Y3, Y3
+	VPUNPCKLBW   zeros<>+0(SB), Y10, Y11
+	VPUNPCKHBW   zeros<>+0(SB), Y10, Y10
+	VPUNPCKLWD   zeros<>+0(SB), Y11, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       Y8, Y12, Y12
+	VADDPS       Y9, Y12, Y12
+	VADDPS       Y12, Y4, Y4
+	VPUNPCKHWD   zeros<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y8, Y11, Y11
+	VADDPS       Y9, Y11, Y11
+	VADDPS       Y11, Y5, Y5
+	VPUNPCKLWD   zeros<>+0(SB), Y10, Y11
 	VCVTDQ2PS    Y11, Y11
 	VMULPS       Y8, Y11, Y11
 	VADDPS       Y9, Y11, Y11
 	VADDPS       Y11, Y6, Y6
-	VPSHUFD      $0xee, X10, X10
-	VPMOVZXBD    X10, Y10
+	VPUNPCKHWD   zeros<>+0(SB), Y10, Y10
 	VCVTDQ2PS    Y10, Y10
 	VMULPS       Y8, Y10, Y10
 	VADDPS       Y9, Y10, Y10
@@ -1935,14 +1923,22 @@ poolAVX2Int4_pfskip3:
 	JNZ  poolAVX2Int4_bag
 
 poolAVX2Int4_store:
-	VMOVUPS Y0, (AX)
-	VMOVUPS Y1, 32(AX)
-	VMOVUPS Y2, 64(AX)
-	VMOVUPS Y3, 96(AX)
-	VMOVUPS Y4, 128(AX)
-	VMOVUPS Y5, 160(AX)
-	VMOVUPS Y6, 192(AX)
-	VMOVUPS Y7, 224(AX)
+	VMOVUPS      X0, (AX)
+	VEXTRACTF128 $0x01, Y0, 128(AX)
+	VMOVUPS      X1, 16(AX)
+	VEXTRACTF128 $0x01, Y1, 144(AX)
+	VMOVUPS      X2, 32(AX)
+	VEXTRACTF128 $0x01, Y2, 160(AX)
+	VMOVUPS      X3, 48(AX)
+	VEXTRACTF128 $0x01, Y3, 176(AX)
+	VMOVUPS      X4, 64(AX)
+	VEXTRACTF128 $0x01, Y4, 192(AX)
+	VMOVUPS      X5, 80(AX)
+	VEXTRACTF128 $0x01, Y5, 208(AX)
+	VMOVUPS      X6, 96(AX)
+	VEXTRACTF128 $0x01, Y6, 224(AX)
+	VMOVUPS      X7, 112(AX)
+	VEXTRACTF128 $0x01, Y7, 240(AX)
 
 	// Segment 1 of the row: back to the bag's first id.
 	MOVQ (BX)(R10*8), R11
@@ -1959,55 +1955,45 @@ poolAVX2Int4_store:
 	VCVTPH2PS    X0, Y8
 	VPBROADCASTW 66(R13), X0
 	VCVTPH2PS    X0, Y9
-	VPMOVZXBW    32(R13), X1
-	VPSLLW       $0x04, X1, X0
-	VPOR         X0, X1, X1
-	VPAND        nibbles<>+0(SB), X1, X1
-	VPMOVZXBD    X1, Y0
+	VMOVDQU      32(R13), Y1
+	VPSRLW       $0x04, Y1, Y2
+	VPAND        nibbles<>+0(SB), Y2, Y2
+	VPAND        nibbles<>+0(SB), Y1, Y1
+	VPUNPCKLBW   Y2, Y1, Y0
+	VPUNPCKHBW   Y2, Y1, Y4
+	VPUNPCKLBW   zeros<>+0(SB), Y0, Y1
+	VPUNPCKHBW   zeros<>+0(SB), Y0, Y3
+	VPUNPCKLWD   zeros<>+0(SB), Y1, Y0
 	VCVTDQ2PS    Y0, Y0
 	VMULPS       Y8, Y0, Y0
 	VADDPS       Y9, Y0, Y0
-	VPSHUFD      $0xee, X1, X1
-	VPMOVZXBD    X1, Y1
+	VPUNPCKHWD   zeros<>+0(SB), Y1, Y1
 	VCVTDQ2PS    Y1, Y1
 	VMULPS       Y8, Y1, Y1
 	VADDPS       Y9, Y1, Y1
-	VPMOVZXBW    40(R13), X3
-	VPSLLW       $0x04, X3, X2
-	VPOR         X2, X3, X3
-	VPAND        nibbles<>+0(SB), X3, X3
-	VPMOVZXBD    X3, Y2
+	VPUNPCKLWD   zeros<>+0(SB), Y3, Y2
 	VCVTDQ2PS    Y2, Y2
 	VMULPS       Y8, Y2, Y2
 	VADDPS       Y9, Y2, Y2
-	VPSHUFD      $0xee, X3, X3
-	VPMOVZXBD    X3, Y3
+	VPUNPCKHWD   zeros<>+0(SB), Y3, Y3
 	VCVTDQ2PS    Y3, Y3
 	VMULPS       Y8, Y3, Y3
 	VADDPS       Y9, Y3, Y3
-	VPMOVZXBW    48(R13), X5
-	VPSLLW       $0x04, X5, X4
-	VPOR         X4, X5, X5
-	VPAND        nibbles<>+0(SB), X5, X5
-	VPMOVZXBD    X5, Y4
+	VPUNPCKLBW   zeros<>+0(SB), Y4, Y5
+	VPUNPCKHBW   zeros<>+0(SB), Y4, Y7
+	VPUNPCKLWD   zeros<>+0(SB), Y5, Y4
 	VCVTDQ2PS    Y4, Y4
 	VMULPS       Y8, Y4, Y4
 	VADDPS       Y9, Y4, Y4
-	VPSHUFD      $0xee, X5, X5
-	VPMOVZXBD    X5, Y5
+	VPUNPCKHWD   zeros<>+0(SB), Y5, Y5
 	VCVTDQ2PS    Y5, Y5
 	VMULPS       Y8, Y5, Y5
 	VADDPS       Y9, Y5, Y5
-	VPMOVZXBW    56(R13), X7
-	VPSLLW       $0x04, X7, X6
-	VPOR         X6, X7, X7
-	VPAND        nibbles<>+0(SB), X7, X7
-	VPMOVZXBD    X7, Y6
+	VPUNPCKLWD   zeros<>+0(SB), Y7, Y6
 	VCVTDQ2PS    Y6, Y6
 	VMULPS       Y8, Y6, Y6
 	VADDPS       Y9, Y6, Y6
-	VPSHUFD      $0xee, X7, X7
-	VPMOVZXBD    X7, Y7
+	VPUNPCKHWD   zeros<>+0(SB), Y7, Y7
 	VCVTDQ2PS    Y7, Y7
 	VMULPS       Y8, Y7, Y7
 	VADDPS       Y9, Y7, Y7
@@ -2024,62 +2010,52 @@ poolAVX2Int4_bag1:
 	VCVTPH2PS    X8, Y8
 	VPBROADCASTW 66(R13), X9
 	VCVTPH2PS    X9, Y9
-	VPMOVZXBW    32(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Y11
+	VMOVDQU      32(R13), Y10
+	VPSRLW       $0x04, Y10, Y11
+	VPAND        nibbles<>+0(SB), Y11, Y11
+	VPAND        nibbles<>+0(SB), Y10, Y10
+	VPUNPCKLBW   Y11, Y10, Y12
+	VPUNPCKHBW   Y11, Y10, Y10
+	VPUNPCKLBW   zeros<>+0(SB), Y12, Y11
+	VPUNPCKHBW   zeros<>+0(SB), Y12, Y12
+	VPUNPCKLWD   zeros<>+0(SB), Y11, Y13
+	VCVTDQ2PS    Y13, Y13
+	VMULPS       Y8, Y13, Y13
+	VADDPS       Y9, Y13, Y13
+	VADDPS       Y13, Y0, Y0
+	VPUNPCKHWD   zeros<>+0(SB), Y11, Y11
 	VCVTDQ2PS    Y11, Y11
 	VMULPS       Y8, Y11, Y11
 	VADDPS       Y9, Y11, Y11
-	VADDPS       Y11, Y0, Y0
-	VPSHUFD      $0xee, X10, X10
-	VPMOVZXBD    X10, Y10
-	VCVTDQ2PS    Y10, Y10
-	VMULPS       Y8, Y10, Y10
-	VADDPS       Y9, Y10, Y10
-	VADDPS       Y10, Y1, Y1
-	VPMOVZXBW    40(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Y11
+	VADDPS       Y11, Y1, Y1
+	VPUNPCKLWD   zeros<>+0(SB), Y12, Y11
 	VCVTDQ2PS    Y11, Y11
 	VMULPS       Y8, Y11, Y11
 	VADDPS       Y9, Y11, Y11
 	VADDPS       Y11, Y2, Y2
-	VPSHUFD      $0xee, X10, X10
-	VPMOVZXBD    X10, Y10
-	VCVTDQ2PS    Y10, Y10
-	VMULPS       Y8, Y10, Y10
-	VADDPS       Y9, Y10, Y10
-	VADDPS       Y10, Y3, Y3
-	VPMOVZXBW    48(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Y11
+	VPUNPCKHWD   zeros<>+0(SB), Y12, Y11
 	VCVTDQ2PS    Y11, Y11
 	VMULPS       Y8, Y11, Y11
 	VADDPS       Y9, Y11, Y11
-	VADDPS       Y11, Y4, Y4
-	VPSHUFD      $0xee, X10, X10
-	VPMOVZXBD    X10, Y10
-	VCVTDQ2PS    Y10, Y10
-	VMULPS       Y8, Y10, Y10
-	VADDPS       Y9, Y10, Y10
-	VADDPS       Y10, Y5, Y5
-	VPMOVZXBW    56(R13), X10
-	VPSLLW       $0x04, X10, X11
-	VPOR         X11, X10, X10
-	VPAND        nibbles<>+0(SB), X10, X10
-	VPMOVZXBD    X10, Y11
+	VADDPS       Y11, Y3, Y3
+	VPUNPCKLBW   zeros<>+0(SB), Y10, Y11
+	VPUNPCKHBW   zeros<>+0(SB), Y10, Y10
+	VPUNPCKLWD   zeros<>+0(SB), Y11, Y12
+	VCVTDQ2PS    Y12, Y12
+	VMULPS       Y8, Y12, Y12
+	VADDPS       Y9, Y12, Y12
+	VADDPS       Y12, Y4, Y4
+	VPUNPCKHWD   zeros<>+0(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y8, Y11, Y11
+	VADDPS       Y9, Y11, Y11
+	VADDPS       Y11, Y5, Y5
+	VPUNPCKLWD   zeros<>+0(SB), Y10, Y11
 	VCVTDQ2PS    Y11, Y11
 	VMULPS       Y8, Y11, Y11
 	VADDPS       Y9, Y11, Y11
 	VADDPS       Y11, Y6, Y6
-	VPSHUFD      $0xee, X10, X10
-	VPMOVZXBD    X10, Y10
+	VPUNPCKHWD   zeros<>+0(SB), Y10, Y10
 	VCVTDQ2PS    Y10, Y10
 	VMULPS       Y8, Y10, Y10
 	VADDPS       Y9, Y10, Y10
@@ -2088,20 +2064,28 @@ poolAVX2Int4_bag1:
 	JNZ          poolAVX2Int4_bag1
 
 poolAVX2Int4_store1:
-	VMOVUPS Y0, 256(AX)
-	VMOVUPS Y1, 288(AX)
-	VMOVUPS Y2, 320(AX)
-	VMOVUPS Y3, 352(AX)
-	VMOVUPS Y4, 384(AX)
-	VMOVUPS Y5, 416(AX)
-	VMOVUPS Y6, 448(AX)
-	VMOVUPS Y7, 480(AX)
-	ADDQ    $0x00000200, AX
-	INCQ    R10
-	CMPQ    R10, ntab+40(FP)
-	JB      poolAVX2Int4_table
-	CMPQ    CX, DI
-	JB      poolAVX2Int4_example
+	VMOVUPS      X0, 256(AX)
+	VEXTRACTF128 $0x01, Y0, 384(AX)
+	VMOVUPS      X1, 272(AX)
+	VEXTRACTF128 $0x01, Y1, 400(AX)
+	VMOVUPS      X2, 288(AX)
+	VEXTRACTF128 $0x01, Y2, 416(AX)
+	VMOVUPS      X3, 304(AX)
+	VEXTRACTF128 $0x01, Y3, 432(AX)
+	VMOVUPS      X4, 320(AX)
+	VEXTRACTF128 $0x01, Y4, 448(AX)
+	VMOVUPS      X5, 336(AX)
+	VEXTRACTF128 $0x01, Y5, 464(AX)
+	VMOVUPS      X6, 352(AX)
+	VEXTRACTF128 $0x01, Y6, 480(AX)
+	VMOVUPS      X7, 368(AX)
+	VEXTRACTF128 $0x01, Y7, 496(AX)
+	ADDQ         $0x00000200, AX
+	INCQ         R10
+	CMPQ         R10, ntab+40(FP)
+	JB           poolAVX2Int4_table
+	CMPQ         CX, DI
+	JB           poolAVX2Int4_example
 
 poolAVX2Int4_done:
 	VZEROUPPER
