@@ -42,13 +42,14 @@ func (k kernel) pool(t *Tables, out []float32, ids []int32, n int) {
 	// addresses. t keeps the tables alive for the duration of the call.
 	bases := (*uintptr)(unsafe.Pointer(unsafe.SliceData(t.bases)))
 	pos := (*uintptr)(unsafe.Pointer(unsafe.SliceData(t.pos)))
+	dist := t.PrefetchRows()
 	switch k {
 	case kernelAVX512:
 		poolAVX512(unsafe.SliceData(out), unsafe.SliceData(ids), n, bases,
-			unsafe.SliceData(t.hot), len(t.hot), pos, t.width, t.dist, t.prec)
+			unsafe.SliceData(t.hot), len(t.hot), pos, t.width, dist, t.prec)
 	case kernelAVX2:
 		poolAVX2(unsafe.SliceData(out), unsafe.SliceData(ids), n, bases,
-			unsafe.SliceData(t.hot), len(t.hot), pos, t.width, t.dist, t.prec)
+			unsafe.SliceData(t.hot), len(t.hot), pos, t.width, dist, t.prec)
 	default:
 		poolGeneric(t, out, ids, n)
 	}

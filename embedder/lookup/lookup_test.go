@@ -419,3 +419,32 @@ func TestNoAllocs(t *testing.T) {
 
 func uintptrOf(b []byte) uintptr     { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 func uintptrOfF(f []float32) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(f))) }
+
+// TestPrefetchRows checks each kernel's default distance at float32 and
+// at a narrower precision, and that a distance set by hand wins over
+// every kernel's.
+func TestPrefetchRows(t *testing.T) {
+	for _, tab := range []*Tables{newTestTables(t, 50, 3), newQuantTables(t, model.DtypeInt8, 50, 3)} {
+		for _, k := range tab.Kernels() {
+			if err := tab.SetKernel(k); err != nil {
+				t.Fatal(err)
+			}
+			want := DefaultPrefetchRows
+			if k == "avx2" && tab.Dtype() == model.DtypeFP32 {
+				want = AVX2FP32PrefetchRows
+			}
+			if got := tab.PrefetchRows(); got != want {
+				t.Errorf("%s %s: %d rows ahead by default, want %d", tab.Dtype(), k, got, want)
+			}
+		}
+		tab.SetPrefetchRows(5)
+		for _, k := range tab.Kernels() {
+			if err := tab.SetKernel(k); err != nil {
+				t.Fatal(err)
+			}
+			if got := tab.PrefetchRows(); got != 5 {
+				t.Errorf("%s %s: %d rows ahead after SetPrefetchRows(5)", tab.Dtype(), k, got)
+			}
+		}
+	}
+}

@@ -89,11 +89,10 @@ func Run(opts Options, log io.Writer) (Result, error) {
 			return res, err
 		}
 	}
-	res.PrefetchRows = lookup.DefaultPrefetchRows
 	if opts.Prefetch >= 0 {
 		t.SetPrefetchRows(opts.Prefetch)
-		res.PrefetchRows = opts.Prefetch
 	}
+	res.PrefetchRows = t.PrefetchRows()
 	res.Kernel, res.Batch = t.Kernel(), opts.Batch
 
 	_, ids := model.RandomInputs(cfg, opts.Seed, opts.Batch*opts.Batches)
