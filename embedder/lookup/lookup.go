@@ -44,7 +44,8 @@ const Dim = 128
 
 // DefaultPrefetchRows is how many rows ahead of the row being summed the
 // amd64 kernels prefetch (every cache line of a row: 8 at fp32, 4 at
-// fp16, 3 at int8, 2 at int4; into L2: PREFETCHT2). They
+// fp16, 3 at int8, 2 at int4; into L2: PREFETCHT2), except the AVX2
+// kernel at fp32 (AVX2FP32PrefetchRows). They
 // prefetch into L2 because a prefetch into L1 holds one of the core's few
 // line fill buffers until its line arrives, leaving too few to the loads'
 // own misses (figures in docs/design.md).
