@@ -51,5 +51,5 @@ bench-updates: deps build $(HOSTBOUND_BUNDLE)/model.safetensors
 		RECMESH_BENCH_UPDATES_CLIENTS=$(BENCH_UPDATES_CLIENTS) RECMESH_BENCH_UPDATES_CLIENT=$(BENCH_UPDATES_CLIENT) \
 		$(GO) test -count=1 -timeout 20m -run 'TestBenchUpdates$$' -v ./cli/e2e/ > $(DEPS)/bench-updates.log 2>&1 || { \
 		tail -n 40 $(DEPS)/bench-updates.log; echo "bench-updates: failed (whole log in .deps/bench-updates.log)"; exit 1; }
-	@grep -E '(mesh core|bench process) with(out)? updates: ' $(DEPS)/bench-updates.log | sed 's/^ *[a-z_]*_test.go:[0-9]*: //' || true
+	@grep -E '((mesh core|bench process|window) with(out)? updates|embedder apply|visibility parts): ' $(DEPS)/bench-updates.log | sed 's/^ *[a-z_]*_test.go:[0-9]*: //' || true
 	@grep '^bench-updates:' $(DEPS)/bench-updates.log

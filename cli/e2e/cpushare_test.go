@@ -12,7 +12,7 @@ import (
 
 // coreTicks is where one core's /proc/stat counters stood: ticks not idle
 // (nor waiting on I/O), and all ticks.
-type coreTicks struct{ busy, all uint64 }
+type coreTicks struct{ busy, steal, all uint64 }
 
 func readCoreTicks(cpu int) (coreTicks, error) {
 	stat, err := os.ReadFile("/proc/stat")
@@ -34,6 +34,9 @@ func readCoreTicks(cpu int) (coreTicks, error) {
 			c.all += n
 			if i != 3 && i != 4 {
 				c.busy += n
+			}
+			if i == 7 {
+				c.steal = n
 			}
 		}
 		return c, nil
@@ -69,7 +72,10 @@ func startCoreWindow(cpu int, names map[int]string) (*coreWindow, error) {
 // cpuShares is what a coreWindow saw.
 type cpuShares struct {
 	coreBusy float64
-	procs    map[string]float64
+	// coreStolen is the part of coreBusy the hypervisor gave to another
+	// guest while this core had work: a noisy neighbour, not the mesh.
+	coreStolen float64
+	procs      map[string]float64
 }
 
 func (w *coreWindow) stop() (cpuShares, error) {
@@ -84,6 +90,7 @@ func (w *coreWindow) stop() (cpuShares, error) {
 	sh := cpuShares{procs: map[string]float64{}}
 	if to.all > w.from.all {
 		sh.coreBusy = 100 * float64(to.busy-w.from.busy) / float64(to.all-w.from.all)
+		sh.coreStolen = 100 * float64(to.steal-w.from.steal) / float64(to.all-w.from.all)
 	}
 	for _, p := range r.Processes {
 		if r.WallSeconds > 0 {
@@ -96,7 +103,7 @@ func (w *coreWindow) stop() (cpuShares, error) {
 // String lists the core's busy share, then each process's, by name.
 func (sh cpuShares) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "busy %.0f%%", sh.coreBusy)
+	fmt.Fprintf(&b, "busy %.0f%% (stolen %.1f%%)", sh.coreBusy, sh.coreStolen)
 	names := make([]string, 0, len(sh.procs))
 	for n := range sh.procs {
 		names = append(names, n)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/status"
 
 	"github.com/recmesh/recmesh/bench/loadgen"
@@ -371,9 +372,17 @@ func TestBenchUpdates(t *testing.T) {
 		p.calls += calls
 		p.lat = append(p.lat, lat...)
 		p.shares = append(p.shares, sh)
+		// Each window on its own: the host drifts between them (other
+		// tenants), and the line's averages hide by how much.
+		kind := "with updates"
+		if suffix != "" {
+			kind = "without updates"
+		}
+		t.Logf("window %s: %.0f examples/s, p99 %.2f ms, core %s", kind, float64(calls*perRequest)/win.Seconds(), float64(p99(lat))/1e6, sh)
 	}
 	before := embedderUpdates(t, nc)
 	visBefore := visibleBuckets(t, c.metrics["embedder"])
+	applyBefore := applyTotals(t, c.metrics["embedder"])
 	for r := range rounds {
 		running.Store(false)
 		measure(&base, ".base", r == 0)
@@ -383,6 +392,7 @@ func TestBenchUpdates(t *testing.T) {
 	running.Store(false)
 	after := embedderUpdates(t, nc)
 	embVisP99 := bucketQuantile(0.99, visBefore, visibleBuckets(t, c.metrics["embedder"]))
+	applyAfter := applyTotals(t, c.metrics["embedder"])
 	close(trainerStop)
 	<-trainerDone
 	vis.close()
@@ -391,6 +401,9 @@ func TestBenchUpdates(t *testing.T) {
 	t.Logf("mesh core with updates: %s", updCPU)
 	t.Logf("bench process without updates: %s", base.self)
 	t.Logf("bench process with updates: %s", upd.self)
+	if n := applyAfter.count - applyBefore.count; n > 0 {
+		t.Logf("embedder apply: %.0f µs a message on average (%d messages)", 1e6*(applyAfter.sum-applyBefore.sum)/n, int(n))
+	}
 
 	measured := win.Seconds() * float64(rounds)
 	baseRate := float64(base.calls*perRequest) / measured
@@ -398,6 +411,9 @@ func TestBenchUpdates(t *testing.T) {
 	rowsPerS := float64(after.Rows-before.Rows) / time.Duration(ranFor.Load()).Seconds()
 	loss := 100 * (1 - updRate/baseRate)
 	visP99, _ := vis.p99()
+	stored, polled := vis.parts()
+	t.Logf("visibility parts: publish to the stream's acknowledgement p99 %.1f ms (NATS and this process; the trainer collects acknowledgements once a tick), one read of the acknowledgement floor p99 %.1f ms",
+		float64(stored)/1e6, float64(polled)/1e6)
 	// Calls the mesh sheds (slo mode refuses what cannot meet its latency
 	// target) are part of the figures, not a failure of the bench.
 	if n := loop.failed.Load(); n != 0 {
@@ -411,22 +427,38 @@ func TestBenchUpdates(t *testing.T) {
 		baseCPU.coreBusy, updCPU.coreBusy, baseCPU.procs["embedder"], updCPU.procs["embedder"], 1e3*embVisP99)
 }
 
+// applyTotals reads the count and sum of the embedder's
+// recmesh_embedder_update_apply_seconds: their growth over a window is
+// the mean time a message took to check and write.
+func applyTotals(t *testing.T, addr string) (total struct{ count, sum float64 }) {
+	t.Helper()
+	h := embedderHistogram(t, addr, "recmesh_embedder_update_apply_seconds")
+	total.count, total.sum = float64(h.GetSampleCount()), h.GetSampleSum()
+	return total
+}
+
 // visibleBuckets reads the embedder's
 // recmesh_embedder_update_visible_seconds from its metrics address: each
 // bucket's upper bound (+Inf included) and cumulative count.
 func visibleBuckets(t *testing.T, addr string) map[float64]float64 {
 	t.Helper()
-	const name = "recmesh_embedder_update_visible_seconds"
-	mf := scrape(t, addr)[name]
-	if mf == nil || len(mf.GetMetric()) == 0 {
-		t.Fatalf("the embedder at %s exports no %s", addr, name)
-	}
-	h := mf.GetMetric()[0].GetHistogram()
+	h := embedderHistogram(t, addr, "recmesh_embedder_update_visible_seconds")
 	b := map[float64]float64{math.Inf(1): float64(h.GetSampleCount())}
 	for _, bk := range h.GetBucket() {
 		b[bk.GetUpperBound()] = float64(bk.GetCumulativeCount())
 	}
 	return b
+}
+
+// embedderHistogram scrapes the histogram name (without labels) from the
+// embedder at addr.
+func embedderHistogram(t *testing.T, addr, name string) *dto.Histogram {
+	t.Helper()
+	mf := scrape(t, addr)[name]
+	if mf == nil || len(mf.GetMetric()) == 0 {
+		t.Fatalf("the embedder at %s exports no %s", addr, name)
+	}
+	return mf.GetMetric()[0].GetHistogram()
 }
 
 // bucketQuantile is the q-quantile of the observations a histogram
@@ -461,6 +493,7 @@ func meanShares(ws []cpuShares) cpuShares {
 	m := cpuShares{procs: map[string]float64{}}
 	for _, w := range ws {
 		m.coreBusy += w.coreBusy / float64(len(ws))
+		m.coreStolen += w.coreStolen / float64(len(ws))
 		for name, v := range w.procs {
 			m.procs[name] += v / float64(len(ws))
 		}
@@ -469,23 +502,27 @@ func meanShares(ws []cpuShares) cpuShares {
 }
 
 // profile keeps the embedder's CPU profile of the next seconds in
-// RECMESH_BENCH_UPDATES_PROFILE+suffix when that is set (with
-// RECMESH_PPROF=true, which the mesh processes inherit).
+// RECMESH_BENCH_UPDATES_PROFILE+suffix and its execution trace (where its
+// goroutines waited to run) in RECMESH_BENCH_UPDATES_TRACE+suffix when
+// those are set (with RECMESH_PPROF=true, which the mesh processes
+// inherit).
 func profile(t *testing.T, addr string, seconds int, suffix string) {
-	out := os.Getenv("RECMESH_BENCH_UPDATES_PROFILE")
-	if out == "" {
-		return
-	}
-	go func() {
-		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds))
-		if err != nil {
-			t.Log(err)
-			return
+	for env, path := range map[string]string{"RECMESH_BENCH_UPDATES_PROFILE": "profile", "RECMESH_BENCH_UPDATES_TRACE": "trace"} {
+		out := os.Getenv(env)
+		if out == "" {
+			continue
 		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		_ = os.WriteFile(out+suffix, b, 0o644)
-	}()
+		go func() {
+			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, path, seconds))
+			if err != nil {
+				t.Log(err)
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			_ = os.WriteFile(out+suffix, b, 0o644)
+		}()
+	}
 }
 
 // selfUsage is this process's CPU and page faults over some windows: the

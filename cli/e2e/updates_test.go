@@ -750,6 +750,9 @@ type visibility struct {
 	mu    sync.Mutex
 	pubAt map[uint64]time.Time
 	lat   []time.Duration
+	// stored: publish to the stream's acknowledgement (NATS stored it);
+	// polls: how long one read of the floor took.
+	stored, polls []time.Duration
 
 	once       sync.Once
 	stop, done chan struct{}
@@ -773,6 +776,7 @@ func (v *visibility) published(seq uint64, at time.Time) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.pubAt[seq] = at
+	v.stored = append(v.stored, time.Since(at))
 }
 
 func (v *visibility) run() {
@@ -784,6 +788,7 @@ func (v *visibility) run() {
 		case <-time.After(2 * time.Millisecond):
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		polled := time.Now()
 		cons, err := v.js.Consumer(ctx, updates.Stream, v.durable)
 		var info *jetstream.ConsumerInfo
 		if err == nil {
@@ -797,6 +802,7 @@ func (v *visibility) run() {
 		}
 		floor, now := info.AckFloor.Stream, time.Now()
 		v.mu.Lock()
+		v.polls = append(v.polls, now.Sub(polled))
 		for s, at := range v.pubAt {
 			if s <= floor {
 				v.lat = append(v.lat, now.Sub(at))
@@ -811,6 +817,15 @@ func (v *visibility) run() {
 func (v *visibility) close() {
 	v.once.Do(func() { close(v.stop) })
 	<-v.done
+}
+
+// parts are the 99th percentiles of two parts of the visibility
+// latencies: publishing a message until the stream acknowledged it, and
+// one read of the floor.
+func (v *visibility) parts() (stored, polled time.Duration) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return p99(v.stored), p99(v.polls)
 }
 
 // p99 is the 99th percentile of the visibility latencies seen, and how
