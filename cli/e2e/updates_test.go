@@ -819,6 +819,14 @@ func (v *visibility) close() {
 	<-v.done
 }
 
+// reset forgets the latencies seen so far; the messages published and
+// not yet visible stay followed.
+func (v *visibility) reset() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.lat, v.stored, v.polls = nil, nil, nil
+}
+
 // parts are the 99th percentiles of two parts of the visibility
 // latencies: publishing a message until the stream acknowledged it, and
 // one read of the floor.
