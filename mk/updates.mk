@@ -32,9 +32,13 @@ e2e-updates: deps
 # (15) without and as long with a trainer publishing BENCH_UPDATES_RATE
 # rows/s (250,000), in three rounds that alternate the two, so a drift of
 # the shared host falls on both sides, after a 5 s stream warm-up that is
-# logged and not counted. Prints each window's rate and where the mesh's
-# core went (busy share, each process's CPU), the bench process's own CPU
-# and page faults, then ends with the `bench-updates:` line.
+# logged and not counted. BENCH_UPDATES_DECOY=1 publishes the same stream
+# to a subject the embedder does not follow and ends with a
+# `bench-updates-decoy:` line instead: its serving loss is the bench's own
+# share (NATS, the trainer and the load on the other core). Prints each
+# window's rate and where the mesh's core went (busy share, each
+# process's CPU), the bench process's own CPU and page faults, then ends
+# with the `bench-updates:` line.
 # 16 clients keep the mesh's core busy in both windows: the load shares
 # the other core with NATS and the trainer, and with 4 clients it left
 # the mesh's core 6-9 % idle once updates flowed (updates_core_busy_pct),
@@ -45,12 +49,14 @@ BENCH_UPDATES_RATE    ?= 250000
 BENCH_UPDATES_SECONDS ?= 15
 BENCH_UPDATES_CLIENTS ?= 16
 BENCH_UPDATES_CLIENT  ?= lean
+BENCH_UPDATES_DECOY   ?=
 
 bench-updates: deps build $(HOSTBOUND_BUNDLE)/model.safetensors
 	RECMESH_BENCH_UPDATES=1 RECMESH_BENCH_UPDATES_BUNDLE=$(HOSTBOUND_BUNDLE) \
 		RECMESH_BENCH_UPDATES_ROWS_PER_S=$(BENCH_UPDATES_RATE) RECMESH_BENCH_UPDATES_SECONDS=$(BENCH_UPDATES_SECONDS) \
 		RECMESH_BENCH_UPDATES_CLIENTS=$(BENCH_UPDATES_CLIENTS) RECMESH_BENCH_UPDATES_CLIENT=$(BENCH_UPDATES_CLIENT) \
+		RECMESH_BENCH_UPDATES_DECOY=$(BENCH_UPDATES_DECOY) \
 		$(GO) test -count=1 -timeout 20m -run 'TestBenchUpdates$$' -v ./cli/e2e/ > $(DEPS)/bench-updates.log 2>&1 || { \
 		tail -n 40 $(DEPS)/bench-updates.log; echo "bench-updates: failed (whole log in .deps/bench-updates.log)"; exit 1; }
 	@grep -E '((mesh core|bench process|window) with(out)? updates|stream warm-up.*|embedder apply|visibility parts): ' $(DEPS)/bench-updates.log | sed 's/^ *[a-z_]*_test.go:[0-9]*: //' || true
-	@grep '^bench-updates:' $(DEPS)/bench-updates.log
+	@grep -E '^bench-updates(-decoy)?:' $(DEPS)/bench-updates.log
