@@ -35,7 +35,9 @@ e2e-updates: deps
 # logged and not counted. BENCH_UPDATES_DECOY=1 publishes the same stream
 # to a subject the embedder does not follow and ends with a
 # `bench-updates-decoy:` line instead: its serving loss is the bench's own
-# share (NATS, the trainer and the load on the other core). Prints each
+# share (NATS, the trainer and the load on the other core).
+# BENCH_UPDATES_MESSAGE_ROWS (1024, the most a message holds) sets the
+# trainer's rows per message. Prints each
 # window's rate and where the mesh's core went (busy share, each
 # process's CPU), the bench process's own CPU and page faults, then ends
 # with the `bench-updates:` line.
@@ -50,12 +52,13 @@ BENCH_UPDATES_SECONDS ?= 15
 BENCH_UPDATES_CLIENTS ?= 16
 BENCH_UPDATES_CLIENT  ?= lean
 BENCH_UPDATES_DECOY   ?=
+BENCH_UPDATES_MESSAGE_ROWS ?= 1024
 
 bench-updates: deps build $(HOSTBOUND_BUNDLE)/model.safetensors
 	RECMESH_BENCH_UPDATES=1 RECMESH_BENCH_UPDATES_BUNDLE=$(HOSTBOUND_BUNDLE) \
 		RECMESH_BENCH_UPDATES_ROWS_PER_S=$(BENCH_UPDATES_RATE) RECMESH_BENCH_UPDATES_SECONDS=$(BENCH_UPDATES_SECONDS) \
 		RECMESH_BENCH_UPDATES_CLIENTS=$(BENCH_UPDATES_CLIENTS) RECMESH_BENCH_UPDATES_CLIENT=$(BENCH_UPDATES_CLIENT) \
-		RECMESH_BENCH_UPDATES_DECOY=$(BENCH_UPDATES_DECOY) \
+		RECMESH_BENCH_UPDATES_DECOY=$(BENCH_UPDATES_DECOY) RECMESH_BENCH_UPDATES_MESSAGE_ROWS=$(BENCH_UPDATES_MESSAGE_ROWS) \
 		$(GO) test -count=1 -timeout 20m -run 'TestBenchUpdates$$' -v ./cli/e2e/ > $(DEPS)/bench-updates.log 2>&1 || { \
 		tail -n 40 $(DEPS)/bench-updates.log; echo "bench-updates: failed (whole log in .deps/bench-updates.log)"; exit 1; }
 	@grep -E '((mesh core|bench process|window) with(out)? updates|stream warm-up.*|embedder apply|visibility parts): ' $(DEPS)/bench-updates.log | sed 's/^ *[a-z_]*_test.go:[0-9]*: //' || true

@@ -44,6 +44,7 @@ const (
 	benchUpdatesRoundsEnv  = "RECMESH_BENCH_UPDATES_ROUNDS"
 	benchUpdatesClientEnv  = "RECMESH_BENCH_UPDATES_CLIENT"
 	benchUpdatesDecoyEnv   = "RECMESH_BENCH_UPDATES_DECOY"
+	benchUpdatesMsgRowsEnv = "RECMESH_BENCH_UPDATES_MESSAGE_ROWS"
 )
 
 // closedLoop is clients callers each sending reqs in turn until stop,
@@ -113,6 +114,10 @@ func TestBenchUpdates(t *testing.T) {
 	// during the windows.
 	syscall.Sync()
 	rate := envInt(benchUpdatesRateEnv, 250000)
+	msgRows := envInt(benchUpdatesMsgRowsEnv, updates.MaxRows)
+	if msgRows < 1 || msgRows > updates.MaxRows {
+		t.Fatalf("%s=%d: a message holds 1 to %d rows", benchUpdatesMsgRowsEnv, msgRows, updates.MaxRows)
+	}
 	seconds := envInt(benchUpdatesSecsEnv, 15)
 	b, err := model.Open(bundle)
 	if err != nil {
@@ -266,7 +271,7 @@ func TestBenchUpdates(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 45))
 	var msgs [][]byte
 	for range 32 {
-		rows := make([]updates.Row, updates.MaxRows)
+		rows := make([]updates.Row, msgRows)
 		for i := range rows {
 			tb := rng.IntN(len(cfg.VocabSizes))
 			v := make([]float32, cfg.EmbeddingDim)
@@ -292,7 +297,7 @@ func TestBenchUpdates(t *testing.T) {
 	trainerDone := make(chan struct{})
 	go func() {
 		defer close(trainerDone)
-		tick := time.Duration(float64(time.Second) * updates.MaxRows / float64(rate))
+		tick := time.Duration(float64(time.Second) * float64(msgRows) / float64(rate))
 		type publish struct {
 			f  jetstream.PubAckFuture
 			at time.Time
@@ -472,7 +477,7 @@ func TestBenchUpdates(t *testing.T) {
 			t.Errorf("the embedder applied %d rows of a stream it does not follow", after.Rows-before.Rows)
 		}
 		fmt.Printf("bench-updates-decoy: published_rows_per_s=%.0f target_rows_per_s=%d base_ex_per_s=%.0f updates_ex_per_s=%.0f serving_loss_pct=%.1f base_p99_ms=%.2f updates_p99_ms=%.2f base_core_busy_pct=%.0f updates_core_busy_pct=%.0f\n",
-			float64(sent.Load()*updates.MaxRows)/time.Duration(ranFor.Load()).Seconds(), rate, baseRate, updRate, loss,
+			float64(sent.Load()*int64(msgRows))/time.Duration(ranFor.Load()).Seconds(), rate, baseRate, updRate, loss,
 			float64(p99(base.lat))/1e6, float64(p99(upd.lat))/1e6, baseCPU.coreBusy, updCPU.coreBusy)
 		return
 	}
