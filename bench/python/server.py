@@ -97,6 +97,7 @@ Logs go to stderr.
 """
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -286,6 +287,13 @@ def make_servicer(pb2, pb2_grpc, loaded, ready, args):
     return Servicer()
 
 
+# STOP_GRACE is how long a stopping server lets its calls finish;
+# STOP_DEADLINE when it gives up on a clean stop, under the supervisor's
+# 10 s (STOP_WAIT).
+STOP_GRACE, STOP_DEADLINE = 2, 8
+STOP_WAIT = 10
+
+
 def serve_grpc(args):
     """py, py-batch, py-mp-local's processes and py-mp*'s frontends: a gRPC
     server, listening at once, ready once arms.load has finished."""
@@ -347,11 +355,23 @@ def serve_grpc(args):
     threading.Thread(target=prepare, name="prepare", daemon=True).start()
     while not stop.wait(1.0):
         pass
+    # Whatever hangs from here on, the process prints where every thread
+    # is and exits 1 before its supervisor's deadline, which then fails the
+    # stop: a frontend once outlived that deadline in CI on a loaded
+    # machine, with nothing in its log to say where it waited.
+    faulthandler.dump_traceback_later(STOP_DEADLINE, exit=True)
     ready.clear()
-    server.stop(grace=2).wait()
+    # gRPC cancels the calls still running after the grace; closing the
+    # model then wakes a py-mp handler that waits on its device owner.
+    server.stop(grace=STOP_GRACE).wait()
     if "model" in loaded:
         loaded["model"].close()
-    sys.exit(1 if failed else 0)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: the interpreter's finalization would join every thread
+    # and run gRPC's exit hooks, and nothing is left to clean up.
+    os._exit(1 if failed else 0)
 
 
 def serve_owner(args):
@@ -458,6 +478,7 @@ def supervise(args, argv):
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     said = set()
+    dead = []
     rc = 0
     while not stop.wait(0.2):
         for word in ("BOUND", "READY"):
@@ -478,14 +499,18 @@ def supervise(args, argv):
     for _, c in children:
         if c.poll() is None:
             c.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + STOP_WAIT
     for name, c in reversed(children):
         try:
-            c.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            code = c.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             log.error("%s: %s (pid %d) did not stop; killing it", args.mode, name, c.pid)
             c.kill()
             c.wait()
+            rc = 1
+            continue
+        if code != 0 and not dead:
+            log.error("%s: %s (pid %d) stopped with %d", args.mode, name, c.pid, code)
             rc = 1
     sys.exit(rc)
 

@@ -1,0 +1,163 @@
+package pyarm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/recmesh/recmesh/model"
+	pb "github.com/recmesh/recmesh/proto/inference"
+	"github.com/recmesh/recmesh/proto/oip"
+)
+
+// TestStopWithACallWaitingOnTheOwner stops py-mp while a frontend's call
+// waits on a device owner that does not answer (stopped with SIGSTOP): the
+// frontend ends the call and exits by itself within the supervisor's
+// deadline, so nothing has to be killed and the stop is clean.
+func TestStopWithACallWaitingOnTheOwner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Python arm")
+	}
+	p := paths(t)
+	dir, b, _ := fixture(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s, err := Start(ctx, Options{Paths: p, Mode: "py-mp", Bundle: dir, Processes: 1, Workers: 4, WarmMax: 4, Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			s.Stop(5 * time.Second)
+		}
+	}()
+	owner, submit := deviceOwner(t, s.PID())
+	frontends := slices.DeleteFunc(childPIDs(t, s.PID()), func(pid int) bool { return pid == owner })
+	if len(frontends) != 1 {
+		t.Fatalf("frontends %v, want one", frontends)
+	}
+	// A second reader of the owner's submission pipe, only to see the call
+	// arrive (FIONREAD); it never reads.
+	pipe, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", owner, submit), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pipe.Close()
+	if err := syscall.Kill(owner, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(owner, syscall.SIGCONT)
+
+	pool := dial(t, s.Addr, 1)
+	dense, sparse := model.RandomInputs(b.Config, 7, 1)
+	req, err := oip.BuildRequest(oip.DefaultModelName, b.Config, dense, sparse, 1, oip.TypeINT32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	called := make(chan error, 1)
+	go func() {
+		cctx, ccancel := context.WithTimeout(ctx, time.Minute)
+		defer ccancel()
+		var resp *pb.ModelInferResponse
+		resp, err := pool.Client(0).ModelInfer(cctx, req)
+		if err == nil && resp != nil {
+			err = fmt.Errorf("answered while the device owner was stopped")
+		}
+		called <- err
+	}()
+	// The frontend has handed the call to the owner once its record waits
+	// in the pipe.
+	for {
+		n, err := unix.IoctlGetInt(int(pipe.Fd()), unix.TIOCINQ) // FIONREAD
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		select {
+		case err := <-called:
+			t.Fatalf("the call ended before it reached the device owner: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the call never reached the device owner")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+
+	stopErr := make(chan error, 1)
+	go func() { stopErr <- s.Stop(20 * time.Second) }()
+	// The frontend must end by itself while its call still waits; the
+	// owner may go after it (it leaves once every frontend has gone).
+	for alive(frontends[0]) {
+		select {
+		case err := <-stopErr:
+			t.Fatalf("the arm stopped (%v) before its frontend had", err)
+		case <-ctx.Done():
+			t.Fatal("the frontend never ended")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := syscall.Kill(owner, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	if err := <-stopErr; err != nil {
+		t.Errorf("stop: %v", err)
+	}
+	if err := <-called; err == nil {
+		t.Error("the waiting call succeeded")
+	} else {
+		t.Logf("the waiting call ended with %v", err)
+	}
+	if left := groupPIDs(t, s.PID()); len(left) > 0 {
+		t.Errorf("processes %v outlived the stop", left)
+	}
+	checkNoShm(t, s.PID())
+}
+
+// deviceOwner finds py-mp's device owner among the children of pid and the
+// descriptor it reads submissions from (its --link spec's "submit").
+func deviceOwner(t *testing.T, pid int) (owner, submit int) {
+	t.Helper()
+	for _, child := range childPIDs(t, pid) {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", child))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		role := slices.Index(args, "--role")
+		link := slices.Index(args, "--link")
+		if role < 0 || role+1 >= len(args) || args[role+1] != "owner" || link < 0 || link+1 >= len(args) {
+			continue
+		}
+		var spec struct {
+			Submit *int `json:"submit"`
+		}
+		if err := json.Unmarshal([]byte(args[link+1]), &spec); err != nil || spec.Submit == nil {
+			t.Fatalf("device owner %d: --link %q names no submit descriptor (%v)", child, args[link+1], err)
+		}
+		return child, *spec.Submit
+	}
+	t.Fatalf("no device owner among the children of %d", pid)
+	return 0, 0
+}
+
+// alive reports whether process pid exists and has not exited (a zombie
+// its parent has not reaped counts as ended).
+func alive(pid int) bool {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	return len(f) > 0 && f[0] != "Z"
+}
