@@ -88,6 +88,24 @@ func start(t *testing.T, o Options) *Server {
 	return s
 }
 
+// startStoppedByTest starts an arm whose stop the test checks itself,
+// setting *stopped first; an arm the test leaves running (it failed
+// before) is stopped at its end.
+func startStoppedByTest(ctx context.Context, t *testing.T, o Options) (s *Server, stopped *bool) {
+	t.Helper()
+	s, err := Start(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped = new(bool)
+	t.Cleanup(func() {
+		if !*stopped {
+			s.Stop(5 * time.Second)
+		}
+	})
+	return s, stopped
+}
+
 func dial(t *testing.T, addr string, n int) *oip.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -311,16 +329,7 @@ func TestModes(t *testing.T) {
 			if MultiProcess(mode) {
 				o.Processes = 2
 			}
-			s, err := Start(ctx, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stopped := false
-			defer func() {
-				if !stopped {
-					s.Stop(5 * time.Second)
-				}
-			}()
+			s, stopped := startStoppedByTest(ctx, t, o)
 			children := childPIDs(t, s.PID())
 			t.Logf("ready on %s, children %v", s.Addr, children)
 			owner := mode == "py-mp" || mode == "py-mp-batch"
@@ -363,7 +372,7 @@ func TestModes(t *testing.T) {
 				spread(t, s, pool, b.Config, children)
 			}
 
-			stopped = true
+			*stopped = true
 			if err := s.Stop(15 * time.Second); err != nil {
 				t.Errorf("stop: %v", err)
 			}

@@ -30,16 +30,7 @@ func TestStopWithACallWaitingOnTheOwner(t *testing.T) {
 	dir, b, _ := fixture(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	s, err := Start(ctx, Options{Paths: p, Mode: "py-mp", Bundle: dir, Processes: 1, Workers: 4, WarmMax: 4, Log: testLog{t}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			s.Stop(5 * time.Second)
-		}
-	}()
+	s, stopped := startStoppedByTest(ctx, t, Options{Paths: p, Mode: "py-mp", Bundle: dir, Processes: 1, Workers: 4, WarmMax: 4, Log: testLog{t}})
 	owner, submit := deviceOwner(t, s.PID())
 	frontends := slices.DeleteFunc(childPIDs(t, s.PID()), func(pid int) bool { return pid == owner })
 	if len(frontends) != 1 {
@@ -109,7 +100,7 @@ func TestStopWithACallWaitingOnTheOwner(t *testing.T) {
 	if err := syscall.Kill(owner, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	stopped = true
+	*stopped = true
 	if err := <-stopErr; err != nil {
 		t.Errorf("stop: %v", err)
 	}
