@@ -116,11 +116,14 @@ type Report struct {
 
 // ProcessReport is one process's share.
 type ProcessReport struct {
-	PID          int     `json:"pid"`
-	Comm         string  `json:"comm"`
-	CPUSeconds   float64 `json:"cpu_s"`
-	PeakRSSBytes int64   `json:"peak_rss_bytes"`
-	PeakPSSBytes int64   `json:"peak_pss_bytes"`
+	PID        int     `json:"pid"`
+	Comm       string  `json:"comm"`
+	CPUSeconds float64 `json:"cpu_s"`
+	// MinorFaults is the process's minor page faults over the window,
+	// counted as CPUSeconds is.
+	MinorFaults  int64 `json:"minor_faults"`
+	PeakRSSBytes int64 `json:"peak_rss_bytes"`
+	PeakPSSBytes int64 `json:"peak_pss_bytes"`
 	// Exited is true when the process was gone before the last sample.
 	Exited bool `json:"exited,omitempty"`
 }
@@ -156,6 +159,7 @@ type track struct {
 	comm                string
 	firstUser, firstSys uint64 // ticks at first sight (0 if first seen after the first sample)
 	lastUser, lastSys   uint64
+	firstFlt, lastFlt   uint64 // minor page faults, counted as the ticks are
 	peakRSS, peakPSS    int64
 	seenLast            bool
 	order               int
@@ -287,10 +291,12 @@ func (m *Monitor) sample(forcePSS bool) error {
 			tr = &track{comm: st.comm, order: len(m.tracks)}
 			if first {
 				tr.firstUser, tr.firstSys = st.utime, st.stime
+				tr.firstFlt = st.minflt
 			}
 			m.tracks[key] = tr
 		}
 		tr.lastUser, tr.lastSys = st.utime, st.stime
+		tr.lastFlt = st.minflt
 		tr.seenLast = true
 		alive++
 		if r, err := readRSS(m.opts.ProcRoot, pid); err == nil {
@@ -392,6 +398,7 @@ func (m *Monitor) report() *Report {
 			PID:          e.key.pid,
 			Comm:         e.tr.comm,
 			CPUSeconds:   u + s,
+			MinorFaults:  int64(e.tr.lastFlt - e.tr.firstFlt),
 			PeakRSSBytes: e.tr.peakRSS,
 			PeakPSSBytes: e.tr.peakPSS,
 			Exited:       !e.tr.seenLast,

@@ -57,6 +57,16 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// minorFaults is this process's minor page faults so far, as getrusage
+// counts them.
+func minorFaults() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		panic(err)
+	}
+	return ru.Minflt
+}
+
 // spin keeps one core busy until this process has used d more CPU time.
 func spin(d time.Duration) uint64 {
 	var x uint64
@@ -110,6 +120,7 @@ func TestSelf(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := cpuTime()
+	fltBefore := minorFaults()
 	const mb = 64
 	mem := make([]byte, mb<<20)
 	for i := 0; i < len(mem); i += 4096 {
@@ -118,6 +129,7 @@ func TestSelf(t *testing.T) {
 	spin(400 * time.Millisecond)
 	time.Sleep(100 * time.Millisecond) // let a sample see the memory
 	used := cpuTime() - before
+	faulted := minorFaults() - fltBefore
 	r, err := m.Stop()
 	runtime.KeepAlive(mem)
 	if err != nil {
@@ -129,6 +141,10 @@ func TestSelf(t *testing.T) {
 	// and the sampler's own CPU.
 	if got, want := r.CPUSeconds, used.Seconds(); got < want-0.03 || got > want+0.1 {
 		t.Errorf("monitor says %.3f s of CPU, getrusage %.3f s", got, want)
+	}
+	// Touching fresh memory faults: the monitor's window holds getrusage's.
+	if len(r.Processes) == 1 && (faulted <= 0 || r.Processes[0].MinorFaults < faulted) {
+		t.Errorf("monitor says %d minor faults, getrusage %d over a window inside it", r.Processes[0].MinorFaults, faulted)
 	}
 	if r.PeakRSSBytes < mb<<20 {
 		t.Errorf("peak rss %d B, want ≥ %d MB", r.PeakRSSBytes, mb)
@@ -236,7 +252,7 @@ func TestParseStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.comm != "a (b) c" || s.ppid != 17 || s.utime != 250 || s.stime != 75 || s.start != 987654 {
+	if s.comm != "a (b) c" || s.ppid != 17 || s.minflt != 100 || s.utime != 250 || s.stime != 75 || s.start != 987654 {
 		t.Errorf("parsed %+v", s)
 	}
 	if _, err := parseStat([]byte("4242 (x) S 1 2")); err == nil {

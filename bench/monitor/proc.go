@@ -15,6 +15,7 @@ import (
 type stat struct {
 	comm         string
 	ppid         int
+	minflt       uint64 // minor page faults
 	utime, stime uint64
 	start        uint64
 }
@@ -35,8 +36,8 @@ func parseStat(b []byte) (stat, error) {
 	if open < 0 || end < open {
 		return stat{}, fmt.Errorf("monitor: malformed stat %q", b)
 	}
-	// After the name: state(3) ppid(4) … utime(14) stime(15) … starttime(22);
-	// f[0] is field 3.
+	// After the name: state(3) ppid(4) … minflt(10) … utime(14) stime(15) …
+	// starttime(22); f[0] is field 3.
 	f := strings.Fields(string(b[end+1:]))
 	if len(f) < 20 {
 		return stat{}, fmt.Errorf("monitor: stat has %d fields after the name, want ≥ 20", len(f))
@@ -46,6 +47,9 @@ func parseStat(b []byte) (stat, error) {
 	s.comm = string(b[open+1 : end])
 	if s.ppid, err = strconv.Atoi(f[1]); err != nil {
 		return stat{}, fmt.Errorf("monitor: stat ppid: %w", err)
+	}
+	if s.minflt, err = strconv.ParseUint(f[7], 10, 64); err != nil {
+		return stat{}, fmt.Errorf("monitor: stat minflt: %w", err)
 	}
 	if s.utime, err = strconv.ParseUint(f[11], 10, 64); err != nil {
 		return stat{}, fmt.Errorf("monitor: stat utime: %w", err)

@@ -571,7 +571,27 @@ func groupPIDs(t *testing.T, pgid int) []int {
 	return scanProc(t, func(st procStat) bool { return st.pgrp == pgid })
 }
 
-type procStat struct{ ppid, pgrp int }
+type procStat struct {
+	state      string
+	ppid, pgrp int
+}
+
+// readProcStat reads what the tests use of /proc/<pid>/stat.
+func readProcStat(pid int) (procStat, error) {
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return procStat{}, err
+	}
+	// pid (comm) state ppid pgrp ...; comm may hold spaces.
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	if len(f) < 3 {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
+	}
+	st := procStat{state: f[0]}
+	st.ppid, _ = strconv.Atoi(f[1])
+	st.pgrp, _ = strconv.Atoi(f[2])
+	return st, nil
+}
 
 func scanProc(t *testing.T, match func(procStat) bool) []int {
 	t.Helper()
@@ -585,18 +605,10 @@ func scanProc(t *testing.T, match func(procStat) bool) []int {
 		if err != nil {
 			continue
 		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		st, err := readProcStat(pid)
 		if err != nil {
 			continue // gone meanwhile
 		}
-		// pid (comm) state ppid pgrp ...; comm may hold spaces.
-		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
-		if len(f) < 3 {
-			continue
-		}
-		var st procStat
-		st.ppid, _ = strconv.Atoi(f[1])
-		st.pgrp, _ = strconv.Atoi(f[2])
 		if match(st) {
 			pids = append(pids, pid)
 		}

@@ -509,7 +509,9 @@ def supervise(args, argv):
             c.wait()
             rc = 1
             continue
-        if code != 0 and not dead:
+        # A child our SIGTERM ended before it set its handler (it was still
+        # starting) stopped as asked; any other failure fails the stop.
+        if code not in (0, -signal.SIGTERM) and not dead:
             log.error("%s: %s (pid %d) stopped with %d", args.mode, name, c.pid, code)
             rc = 1
     sys.exit(rc)

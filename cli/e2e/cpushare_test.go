@@ -76,6 +76,8 @@ type cpuShares struct {
 	// guest while this core had work: a noisy neighbour, not the mesh.
 	coreStolen float64
 	procs      map[string]float64
+	// faults is each process's minor page faults a second.
+	faults map[string]float64
 }
 
 func (w *coreWindow) stop() (cpuShares, error) {
@@ -87,7 +89,7 @@ func (w *coreWindow) stop() (cpuShares, error) {
 	if err != nil {
 		return cpuShares{}, err
 	}
-	sh := cpuShares{procs: map[string]float64{}}
+	sh := cpuShares{procs: map[string]float64{}, faults: map[string]float64{}}
 	if to.all > w.from.all {
 		sh.coreBusy = 100 * float64(to.busy-w.from.busy) / float64(to.all-w.from.all)
 		sh.coreStolen = 100 * float64(to.steal-w.from.steal) / float64(to.all-w.from.all)
@@ -95,6 +97,7 @@ func (w *coreWindow) stop() (cpuShares, error) {
 	for _, p := range r.Processes {
 		if r.WallSeconds > 0 {
 			sh.procs[w.names[p.PID]] = 100 * p.CPUSeconds / r.WallSeconds
+			sh.faults[w.names[p.PID]] = float64(p.MinorFaults) / r.WallSeconds
 		}
 	}
 	return sh, nil

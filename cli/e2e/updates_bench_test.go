@@ -14,7 +14,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -374,17 +373,22 @@ func TestBenchUpdates(t *testing.T) {
 	// window 10-25 % slower than the later ones on a 2-vCPU AMD EPYC VM,
 	// and its visibility tail the run's. It is logged, not counted.
 	{
-		embPid := c.procs["embedder"].cmd.Process.Pid
 		loop.window()
-		fltFrom := minorFaults(embPid)
+		w, err := startCoreWindow(meshCPU, names)
+		if err != nil {
+			t.Fatal(err)
+		}
 		running.Store(true)
 		time.Sleep(streamWarmup)
 		running.Store(false)
 		calls, lat := loop.window()
-		flt := float64(minorFaults(embPid)-fltFrom) / streamWarmup.Seconds()
+		sh, err := w.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
 		visP99, _ := vis.p99()
-		t.Logf("stream warm-up (not counted): %.0f examples/s, p99 %.2f ms, embedder %.0f page faults/s, visible p99 %.1f ms",
-			float64(calls*perRequest)/streamWarmup.Seconds(), float64(p99(lat))/1e6, flt, float64(visP99)/1e6)
+		t.Logf("stream warm-up (not counted): %.0f examples/s, p99 %.2f ms, embedder %.0f page faults/s, visible p99 %.1f ms, core %s",
+			float64(calls*perRequest)/streamWarmup.Seconds(), float64(p99(lat))/1e6, sh.faults["embedder"], float64(visP99)/1e6, sh)
 		// The trainer adds its running time once it sees the pause, and
 		// the embedder applies what it still holds.
 		time.Sleep(500 * time.Millisecond)
@@ -413,10 +417,7 @@ func TestBenchUpdates(t *testing.T) {
 			profile(t, c.metrics["embedder"], max(int(win/time.Second)-1, 1), suffix)
 		}
 		from := readSelfUsage()
-		embPid := c.procs["embedder"].cmd.Process.Pid
-		fltFrom := minorFaults(embPid)
 		time.Sleep(win)
-		flt := float64(minorFaults(embPid)-fltFrom) / win.Seconds()
 		calls, lat := loop.window()
 		p.self = p.self.add(readSelfUsage().since(from))
 		sh, err := w.stop()
@@ -432,7 +433,7 @@ func TestBenchUpdates(t *testing.T) {
 		if suffix != "" {
 			kind = "without updates"
 		}
-		t.Logf("window %s: %.0f examples/s, p99 %.2f ms, embedder %.0f page faults/s, core %s", kind, float64(calls*perRequest)/win.Seconds(), float64(p99(lat))/1e6, flt, sh)
+		t.Logf("window %s: %.0f examples/s, p99 %.2f ms, embedder %.0f page faults/s, core %s", kind, float64(calls*perRequest)/win.Seconds(), float64(p99(lat))/1e6, sh.faults["embedder"], sh)
 	}
 	before := embedderUpdates(t, nc)
 	visBefore := visibleBuckets(t, c.metrics["embedder"])
@@ -644,22 +645,4 @@ func TestBucketQuantile(t *testing.T) {
 	if got := bucketQuantile(0.99, before, past); got != 1 {
 		t.Errorf("past the largest bound: %g, want 1", got)
 	}
-}
-
-// minorFaults is process pid's count of minor page faults so far (0 when
-// it cannot be read).
-func minorFaults(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command's closing parenthesis: state is the
-	// first, minflt the eighth.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 8 {
-		return 0
-	}
-	n, _ := strconv.ParseInt(f[7], 10, 64)
-	return n
 }
