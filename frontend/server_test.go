@@ -603,3 +603,65 @@ func TestProfiling(t *testing.T) {
 		t.Fatalf("/debug/pprof/allocs = %d %.80q, want the allocation profile", code, body)
 	}
 }
+
+// TestCallsHandBackTheirMessages: on grpc-go, every ModelInfer's received
+// message goes back to the pool when its call ends, however it ends: a
+// scored call, a large one that arrives in many frames, a call whose
+// deadline ends while it waits on the backend, one the client cancels, a
+// refused one (unknown model) and one decoded the slow way (typed
+// contents, which proto.Unmarshal copies).
+func TestCallsHandBackTheirMessages(t *testing.T) {
+	f := newFakeBackend()
+	f.capacity = 64 // 58 KB requests: four DATA frames
+	f.entered = make(chan struct{}, 64)
+	ts := startServer(t, f, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	check := func(n int, req *inference.ModelInferRequest) {
+		t.Helper()
+		resp, err := ts.api.ModelInfer(ctx, req)
+		if err != nil {
+			t.Fatalf("B=%d: %v", n, err)
+		}
+		dense, sparse := inputs(n)
+		if got, _ := responseScores(t, resp); !slices.Equal(got, expectedScores(dense, sparse, n, f.width)) {
+			t.Fatalf("B=%d: wrong scores", n)
+		}
+	}
+	for _, n := range []int{1, 8, 64} {
+		dense, sparse := inputs(n)
+		check(n, rawRequest(dense, sparse, n, false))
+		check(n, typedRequest(dense, sparse, n, false))
+	}
+
+	dense, sparse := inputs(4)
+	bad := rawRequest(dense, sparse, 4, false)
+	bad.ModelName = "other"
+	if _, err := ts.api.ModelInfer(ctx, bad); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown model: %v, want NotFound", err)
+	}
+
+	// Calls that end while they wait on the backend.
+	f.block = make(chan struct{})
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	if _, err := ts.api.ModelInfer(short, rawRequest(dense, sparse, 4, false)); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("call past its deadline: %v, want DeadlineExceeded", err)
+	}
+	cctx, cancelCall := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := ts.api.ModelInfer(cctx, rawRequest(dense, sparse, 4, false))
+		done <- err
+	}()
+	for len(f.entered) > 0 { // the calls before this one
+		<-f.entered
+	}
+	<-f.entered
+	cancelCall()
+	if err := <-done; status.Code(err) != codes.Canceled {
+		t.Fatalf("cancelled call: %v, want Canceled", err)
+	}
+	close(f.block)
+	waitFor(t, 10*time.Second, "every message handed back", func() bool { return ts.srv.held.len() == 0 })
+}

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"context"
 	"testing"
 	"unsafe"
 
@@ -178,4 +179,116 @@ func TestRequestCodec(t *testing.T) {
 	if codec.Name() != "proto" {
 		t.Errorf("codec named %q, want proto", codec.Name())
 	}
+}
+
+// countingPool is a mem.BufferPool that counts what it hands out and gets
+// back.
+type countingPool struct {
+	gets, puts int
+}
+
+func (p *countingPool) Get(n int) *[]byte {
+	p.gets++
+	b := make([]byte, n)
+	return &b
+}
+
+func (p *countingPool) Put(*[]byte) { p.puts++ }
+
+// TestRequestCodecHoldsTheMessageForTheCall: a request the fast path
+// decodes aliases its message, so the codec keeps the message (a pooled
+// copy, or grpc-go's own buffer when it came in one) until the call's
+// handler has returned, then gives it back exactly once; a request
+// proto.Unmarshal decodes gives it back at once.
+func TestRequestCodecHoldsTheMessageForTheCall(t *testing.T) {
+	opts, err := Options{Model: testConfig(), Backend: newFakeBackend(), MaxBatch: testMaxBatch}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dense, sparse := inputs(3)
+	want := rawRequest(dense, sparse, 3, false)
+	msg, err := proto.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(t *testing.T, codec requestCodec, req *inference.ModelInferRequest) {
+		t.Helper()
+		ran := false
+		_, err := codec.releaseRequest(context.Background(), req, nil, func(context.Context, any) (any, error) {
+			ran = true
+			if !proto.Equal(req, want) {
+				t.Errorf("inside the call the request is %v, want %v", req, want)
+			}
+			return nil, nil
+		})
+		if err != nil || !ran {
+			t.Fatalf("releaseRequest: ran %v, %v", ran, err)
+		}
+	}
+
+	t.Run("split message, pooled copy", func(t *testing.T) {
+		pool := new(countingPool)
+		codec := newRequestCodec(newSchema(opts))
+		codec.pool = pool
+		half := len(msg) / 2
+		first, second := append([]byte(nil), msg[:half]...), append([]byte(nil), msg[half:]...)
+		var req inference.ModelInferRequest
+		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(first), mem.SliceBuffer(second)}, &req); err != nil {
+			t.Fatal(err)
+		}
+		clear(first) // grpc-go reuses them once Unmarshal returns
+		clear(second)
+		if pool.gets != 1 || pool.puts != 0 || codec.held.len() != 1 {
+			t.Fatalf("after decoding: %d gets, %d puts, %d held; want 1, 0, 1", pool.gets, pool.puts, codec.held.len())
+		}
+		call(t, codec, &req)
+		if pool.puts != 1 || codec.held.len() != 0 {
+			t.Fatalf("after the call: %d puts, %d held; want 1, 0", pool.puts, codec.held.len())
+		}
+		codec.held.release(&req) // a second release finds nothing to free
+		if pool.puts != 1 {
+			t.Fatalf("a second release put the buffer back again: %d puts", pool.puts)
+		}
+	})
+
+	t.Run("one buffer, grpc-go's own", func(t *testing.T) {
+		pool := new(countingPool)
+		codec := newRequestCodec(newSchema(opts))
+		codec.pool = pool
+		b := append([]byte(nil), msg...)
+		data := mem.BufferSlice{mem.NewBuffer(&b, pool)}
+		var req inference.ModelInferRequest
+		if err := codec.Unmarshal(data, &req); err != nil {
+			t.Fatal(err)
+		}
+		data.Free() // grpc-go's reference ends when Unmarshal returns
+		if pool.gets != 0 || pool.puts != 0 || codec.held.len() != 1 {
+			t.Fatalf("after decoding: %d gets, %d puts, %d held; want the buffer itself kept: 0, 0, 1", pool.gets, pool.puts, codec.held.len())
+		}
+		call(t, codec, &req)
+		if pool.puts != 1 || codec.held.len() != 0 {
+			t.Fatalf("after the call: %d puts, %d held; want 1, 0", pool.puts, codec.held.len())
+		}
+	})
+
+	t.Run("typed contents, copied by proto.Unmarshal", func(t *testing.T) {
+		pool := new(countingPool)
+		codec := newRequestCodec(newSchema(opts))
+		codec.pool = pool
+		typed, err := proto.Marshal(typedRequest(dense, sparse, 3, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		half := len(typed) / 2
+		var req inference.ModelInferRequest
+		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(typed[:half]), mem.SliceBuffer(typed[half:])}, &req); err != nil {
+			t.Fatal(err)
+		}
+		if pool.gets != 1 || pool.puts != 1 || codec.held.len() != 0 {
+			t.Fatalf("after decoding: %d gets, %d puts, %d held; want 1, 1, 0", pool.gets, pool.puts, codec.held.len())
+		}
+		if !proto.Equal(&req, typedRequest(dense, sparse, 3, false)) {
+			t.Fatalf("decoded %v", &req)
+		}
+	})
 }
