@@ -41,7 +41,10 @@ func pidNamespace() uint64 {
 }
 
 // pidAlive reports whether pid is a live (not zombie) process. Only call it
-// for pids from this process's pid namespace.
+// for pids from this process's pid namespace. Every process checks its
+// peers with it several times a second, so it reads into a buffer on the
+// stack rather than through os.ReadFile (a File, a Stat and a growing
+// buffer per call: most of an idle embedder's garbage).
 func pidAlive(pid uint32) bool {
 	if pid == 0 || pid > 1<<22 { // 1<<22 is the kernel's PID_MAX_LIMIT
 		return false
@@ -51,12 +54,14 @@ func pidAlive(pid uint32) bool {
 	}
 	// kill(pid, 0) succeeds on a zombie: a dead process whose parent has not
 	// reaped it yet still holds its pid. Its state letter says it is dead.
-	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
+	var buf [statPrefix]byte
+	b, err := readStatPrefix(pid, &buf)
 	if err != nil {
-		return !errors.Is(err, os.ErrNotExist)
+		return !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ESRCH)
 	}
 	// Format: "pid (comm) S ...". comm may hold spaces and parentheses, so
-	// the state is the first field after the last ')'.
+	// the state is the first field after the last ')': the fields after it
+	// are numbers, so a prefix holding comm finds the same one.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 || i+2 >= len(b) {
 		return true
@@ -66,6 +71,28 @@ func pidAlive(pid uint32) bool {
 		return false
 	}
 	return true
+}
+
+// statPrefix is how much of /proc/<pid>/stat pidAlive reads: the pid (7
+// digits at most), comm (64 bytes at most) in parentheses and the state.
+const statPrefix = 128
+
+// readStatPrefix reads the start of /proc/<pid>/stat into buf.
+func readStatPrefix(pid uint32, buf *[statPrefix]byte) ([]byte, error) {
+	var path [32]byte
+	p := append(path[:0], "/proc/"...)
+	p = strconv.AppendUint(p, uint64(pid), 10)
+	p = append(p, "/stat"...)
+	fd, err := unix.Open(string(p), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	n, err := unix.Read(fd, buf[:])
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
 }
 
 // procActivity is what the kernel says a live process is doing, for a peer
