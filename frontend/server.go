@@ -49,9 +49,6 @@ type Server struct {
 	http    *http.Server
 	// guard bounds grpc-go's unfinished request bodies; nil on lean.
 	guard *bodyGuard
-	// held is the grpc codec's record of the received messages that calls
-	// in progress alias.
-	held *heldMessages
 	// tracing is otelgrpc's handler for both transports; nil untraced.
 	tracing grpcstats.Handler
 	// lean is the port's server on TransportLean, once Run made it.
@@ -108,8 +105,6 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	streamWindow, connWindow := flowWindows(maxRecv)
-	codec := newRequestCodec(s.svc.schema)
-	s.held = codec.held
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecv),
 		grpc.StaticStreamWindowSize(streamWindow),
@@ -129,9 +124,7 @@ func New(opts Options) (*Server, error) {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second, MaxConnectionIdle: opts.IdleTimeout}),
 		grpc.InTapHandle(s.tap),
-		grpc.ForceServerCodecV2(codec),
-		// First in the chain, so it runs around every other interceptor.
-		grpc.ChainUnaryInterceptor(codec.releaseRequest),
+		grpc.ForceServerCodecV2(newRequestCodec(s.svc.schema)),
 	}
 	if s.guard != nil {
 		// They tell the guard that a call's body has been read.

@@ -1,12 +1,9 @@
 package frontend
 
 import (
-	"context"
 	"fmt"
-	"sync"
 	"unicode/utf8"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
@@ -46,22 +43,15 @@ type requestBlock struct {
 // for the fast path; any other message goes to proto.Unmarshal. The
 // transport's codec hook (h2unary.Options.Unmarshal) calls it.
 func (d *requestDecoder) Unmarshal(msg []byte, v any) error {
-	_, err := d.unmarshal(msg, v)
-	return err
-}
-
-// unmarshal is Unmarshal that also says whether v aliases msg (the fast
-// path) or holds copies of its own (proto.Unmarshal).
-func (d *requestDecoder) unmarshal(msg []byte, v any) (aliased bool, err error) {
 	if req, ok := v.(*inference.ModelInferRequest); ok && d.decode(msg, req) {
-		return true, nil
+		return nil
 	}
 	pm, ok := v.(proto.Message)
 	if !ok {
-		return false, fmt.Errorf("frontend: %T is not a protobuf message", v)
+		return fmt.Errorf("frontend: %T is not a protobuf message", v)
 	}
 	proto.Reset(pm) // the fast path may have set fields before giving up
-	return false, proto.Unmarshal(msg, pm)
+	return proto.Unmarshal(msg, pm)
 }
 
 // decode is the fast path; false means: use proto.Unmarshal.
@@ -199,84 +189,23 @@ func (d *requestDecoder) str(b []byte) (string, bool) {
 type requestCodec struct {
 	dec  *requestDecoder
 	base encoding.CodecV2 // grpc-go's "proto"
-	pool mem.BufferPool
-	held *heldMessages
 }
 
 func newRequestCodec(s *schema) requestCodec {
-	return requestCodec{
-		dec:  newRequestDecoder(s),
-		base: encoding.GetCodecV2(grpcproto.Name),
-		pool: mem.DefaultBufferPool(),
-		held: &heldMessages{bufs: make(map[*inference.ModelInferRequest]mem.Buffer)},
-	}
+	return requestCodec{dec: newRequestDecoder(s), base: encoding.GetCodecV2(grpcproto.Name)}
 }
 
 func (c requestCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
 
-// Unmarshal decodes a ModelInfer request from a pooled copy of its message
-// (grpc-go's own buffer when it arrived in one), which the decoded request
-// aliases and keeps until release: a fresh copy per call was three
-// quarters of a frontend's allocated bytes at B_req 16, and so of its
-// collections and heap. Any other message, and a request proto.Unmarshal
-// decodes (it copies), hands the buffer back at once.
 func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	req, ok := v.(*inference.ModelInferRequest)
 	if !ok {
 		return c.base.Unmarshal(data, v)
 	}
-	buf := data.MaterializeToBuffer(c.pool)
-	aliased, err := c.dec.unmarshal(buf.ReadOnlyData(), req)
-	if !aliased {
-		buf.Free()
-		return err
-	}
-	c.held.put(req, buf)
-	return nil
+	// grpc-go reuses data's buffers once this returns, and the decoded
+	// request aliases its message: it gets a copy of its own (proto.Unmarshal
+	// would copy the raw contents, most of it, anyway).
+	return c.dec.Unmarshal(data.Materialize(), req)
 }
 
 func (requestCodec) Name() string { return grpcproto.Name }
-
-// releaseRequest is the outermost unary interceptor: once the call's
-// handler has returned, nothing reads its request any more (the reply
-// copies what it needs), so the message the request aliases goes back to
-// the pool.
-func (c requestCodec) releaseRequest(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if r, ok := req.(*inference.ModelInferRequest); ok {
-		defer c.held.release(r)
-	}
-	return handler(ctx, req)
-}
-
-// heldMessages maps each decoded request that aliases its received
-// message to that message's buffer, from decoding to the end of its call.
-// grpc-go calls the codec with no context, so the request itself is the
-// key.
-type heldMessages struct {
-	mu   sync.Mutex
-	bufs map[*inference.ModelInferRequest]mem.Buffer
-}
-
-func (h *heldMessages) put(req *inference.ModelInferRequest, buf mem.Buffer) {
-	h.mu.Lock()
-	h.bufs[req] = buf
-	h.mu.Unlock()
-}
-
-// release frees req's message, if it holds one.
-func (h *heldMessages) release(req *inference.ModelInferRequest) {
-	h.mu.Lock()
-	buf, ok := h.bufs[req]
-	delete(h.bufs, req)
-	h.mu.Unlock()
-	if ok {
-		buf.Free()
-	}
-}
-
-// len is the number of messages held: calls decoded and not yet over.
-func (h *heldMessages) len() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.bufs)
-}
