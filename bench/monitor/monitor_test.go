@@ -118,7 +118,12 @@ func childCPU(t *testing.T, cmd *exec.Cmd) float64 {
 	if cmd.ProcessState == nil {
 		t.Fatal("helper has no exit state")
 	}
-	return cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
+	return charged(cmd.ProcessState)
+}
+
+// charged is the CPU time, user and system, of an ended process.
+func charged(ps *os.ProcessState) float64 {
+	return ps.UserTime().Seconds() + ps.SystemTime().Seconds()
 }
 
 // waitSpun waits for the helper to have spun, failing after a bound.
@@ -249,7 +254,7 @@ func TestExitedProcess(t *testing.T) {
 	}
 	// The first sample may already include part of the spin; what the
 	// kernel charged the child in all bounds it from above.
-	used := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
+	used := charged(cmd.ProcessState)
 	if r.CPUSeconds < 0.1 || r.CPUSeconds > used+cpuTick {
 		t.Errorf("cpu %.3f s for a child that spun %v; the kernel charged it %.3f s in all", r.CPUSeconds, helperBurn, used)
 	}
