@@ -59,18 +59,24 @@ func pidAlive(pid uint32) bool {
 	if err != nil {
 		return !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ESRCH)
 	}
-	// Format: "pid (comm) S ...". comm may hold spaces and parentheses, so
-	// the state is the first field after the last ')': the fields after it
-	// are numbers, so a prefix holding comm finds the same one.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return true
-	}
-	switch b[i+2] {
+	// The fields after the state are numbers, so a prefix holding comm
+	// finds the same state as the whole line.
+	switch state, _ := statState(b); state {
 	case 'Z', 'X', 'x':
 		return false
 	}
 	return true
+}
+
+// statState is the state letter of a /proc/<pid>/stat line, "pid (comm)
+// S ...": comm may hold spaces and parentheses, so the state is the first
+// field after the last ')'. ok is false when b has none.
+func statState(b []byte) (state byte, ok bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0, false
+	}
+	return b[i+2], true
 }
 
 // statPrefix is how much of /proc/<pid>/stat pidAlive reads: the pid (7
@@ -132,11 +138,11 @@ func activity(pid uint32) procActivity {
 		if err != nil {
 			continue // the thread exited meanwhile
 		}
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 || i+2 >= len(b) {
+		state, ok := statState(b)
+		if !ok {
 			continue
 		}
-		switch b[i+2] {
+		switch state {
 		case 'R', 'D':
 			return procBusy
 		case 'T', 't':
