@@ -47,3 +47,29 @@ func BenchmarkModelInfer(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGRPCModelInfer measures a whole call through grpc-go on
+// loopback: the client, the server's transport, the codec and the handler
+// against a fake backend. Its allocs/op and B/op count both ends; the
+// client's share does not change with the server's code, so a difference
+// between two versions is the server's.
+func BenchmarkGRPCModelInfer(b *testing.B) {
+	for _, n := range []int{1, 16, 128} {
+		b.Run(fmt.Sprintf("B=%d", n), func(b *testing.B) {
+			f := newFakeBackend()
+			f.capacity = 128
+			f.record = false
+			ts := startServerOn(b, TransportGRPC, f, nil)
+			dense, sparse := inputs(n)
+			req := rawRequest(dense, sparse, n, false)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := ts.api.ModelInfer(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "examples/s")
+		})
+	}
+}

@@ -140,8 +140,14 @@ func callHeaders(path string) []byte {
 func (c *h2conn) sendUnfinished(id uint32, msgLen int) error {
 	body := make([]byte, 5+msgLen-1)
 	binary.BigEndian.PutUint32(body[1:], uint32(msgLen))
+	return c.sendOpen(id, callHeaders(inference.GRPCInferenceService_ModelInfer_FullMethodName), body)
+}
+
+// sendOpen opens stream id with the header block and sends body in DATA
+// frames of at most 16 KiB, leaving the stream open.
+func (c *h2conn) sendOpen(id uint32, headers, body []byte) error {
 	return c.write(func(fr *http2.Framer) error {
-		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: callHeaders(inference.GRPCInferenceService_ModelInfer_FullMethodName), EndHeaders: true}); err != nil {
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: headers, EndHeaders: true}); err != nil {
 			return err
 		}
 		for b := body; len(b) > 0; {
@@ -153,6 +159,14 @@ func (c *h2conn) sendUnfinished(id uint32, msgLen int) error {
 		}
 		return nil
 	})
+}
+
+// streamEnded reports whether the server has ended stream id.
+func (c *h2conn) streamEnded(id uint32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.ends[id]
+	return ok
 }
 
 func refusedCount(ts *testServer, reason string) int {

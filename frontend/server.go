@@ -49,6 +49,11 @@ type Server struct {
 	http    *http.Server
 	// guard bounds grpc-go's unfinished request bodies; nil on lean.
 	guard *bodyGuard
+	// held is the grpc codec's record of the received messages that calls
+	// in progress alias, and grpcService the service description whose
+	// ModelInfer hands them back.
+	held        *heldMessages
+	grpcService *grpc.ServiceDesc
 	// tracing is otelgrpc's handler for both transports; nil untraced.
 	tracing grpcstats.Handler
 	// lean is the port's server on TransportLean, once Run made it.
@@ -105,6 +110,9 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	streamWindow, connWindow := flowWindows(maxRecv)
+	codec := newRequestCodec(s.svc.schema)
+	s.held = codec.held
+	s.grpcService = codec.inferenceService()
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecv),
 		grpc.StaticStreamWindowSize(streamWindow),
@@ -124,7 +132,7 @@ func New(opts Options) (*Server, error) {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second, MaxConnectionIdle: opts.IdleTimeout}),
 		grpc.InTapHandle(s.tap),
-		grpc.ForceServerCodecV2(newRequestCodec(s.svc.schema)),
+		grpc.ForceServerCodecV2(codec),
 	}
 	if s.guard != nil {
 		// They tell the guard that a call's body has been read.
@@ -325,7 +333,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		s.rpc = l
 	} else {
 		g := grpc.NewServer(s.grpcOpts...)
-		inference.RegisterGRPCInferenceServiceServer(g, s.svc)
+		g.RegisterService(s.grpcService, s.svc)
 		healthpb.RegisterHealthServer(g, s.health)
 		reflection.Register(g)
 		s.rpc = g

@@ -1,7 +1,9 @@
 package frontend
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -11,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -43,7 +47,7 @@ func startServer(t *testing.T, f *fakeBackend, edit func(*Options)) *testServer 
 	return startServerOn(t, TransportGRPC, f, edit)
 }
 
-func startServerOn(t *testing.T, transport string, f *fakeBackend, edit func(*Options)) *testServer {
+func startServerOn(t testing.TB, transport string, f *fakeBackend, edit func(*Options)) *testServer {
 	t.Helper()
 	opts := Options{
 		Transport:         transport,
@@ -79,7 +83,7 @@ func startServerOn(t *testing.T, transport string, f *fakeBackend, edit func(*Op
 }
 
 // wait waits for Run to return and reports its error.
-func (ts *testServer) wait(t *testing.T, timeout time.Duration) error {
+func (ts *testServer) wait(t testing.TB, timeout time.Duration) error {
 	t.Helper()
 	select {
 	case err := <-ts.done:
@@ -91,7 +95,7 @@ func (ts *testServer) wait(t *testing.T, timeout time.Duration) error {
 	}
 }
 
-func dial(t *testing.T, addr string) *grpc.ClientConn {
+func dial(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -601,5 +605,114 @@ func TestProfiling(t *testing.T) {
 	code, body := httpGet(t, "http://"+ts.srv.MetricsAddr().String()+"/debug/pprof/allocs?debug=1")
 	if code != http.StatusOK || !strings.Contains(body, "heap profile") {
 		t.Fatalf("/debug/pprof/allocs = %d %.80q, want the allocation profile", code, body)
+	}
+}
+
+// TestCallsHandBackTheirMessages: on grpc-go, every ModelInfer's received
+// message goes back to the pool when its call ends, however it ends: a
+// scored call, a large one that arrives in many frames, a call whose
+// deadline ends while it waits on the backend, one the client cancels, a
+// refused one (unknown model) and one decoded the slow way (typed
+// contents, which proto.Unmarshal copies).
+func TestCallsHandBackTheirMessages(t *testing.T) {
+	f := newFakeBackend()
+	f.capacity = 64 // 58 KB requests: four DATA frames
+	f.entered = make(chan struct{}, 64)
+	ts := startServer(t, f, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	check := func(n int, req *inference.ModelInferRequest) {
+		t.Helper()
+		resp, err := ts.api.ModelInfer(ctx, req)
+		if err != nil {
+			t.Fatalf("B=%d: %v", n, err)
+		}
+		dense, sparse := inputs(n)
+		if got, _ := responseScores(t, resp); !slices.Equal(got, expectedScores(dense, sparse, n, f.width)) {
+			t.Fatalf("B=%d: wrong scores", n)
+		}
+	}
+	for _, n := range []int{1, 8, 64} {
+		dense, sparse := inputs(n)
+		check(n, rawRequest(dense, sparse, n, false))
+		check(n, typedRequest(dense, sparse, n, false))
+	}
+
+	dense, sparse := inputs(4)
+	bad := rawRequest(dense, sparse, 4, false)
+	bad.ModelName = "other"
+	if _, err := ts.api.ModelInfer(ctx, bad); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown model: %v, want NotFound", err)
+	}
+
+	// Calls that end while they wait on the backend.
+	f.block = make(chan struct{})
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	if _, err := ts.api.ModelInfer(short, rawRequest(dense, sparse, 4, false)); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("call past its deadline: %v, want DeadlineExceeded", err)
+	}
+	cctx, cancelCall := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := ts.api.ModelInfer(cctx, rawRequest(dense, sparse, 4, false))
+		done <- err
+	}()
+	for len(f.entered) > 0 { // the calls before this one
+		<-f.entered
+	}
+	<-f.entered
+	cancelCall()
+	if err := <-done; status.Code(err) != codes.Canceled {
+		t.Fatalf("cancelled call: %v, want Canceled", err)
+	}
+	close(f.block)
+	waitFor(t, 10*time.Second, "every message handed back", func() bool { return ts.srv.held.len() == 0 })
+}
+
+// TestResetAfterTheMessageHandsItBack: grpc-go decodes a unary request as
+// soon as its message is in, then reads on to see the stream end. A client
+// that sends the whole message without ending the stream and then resets
+// it, or lets its deadline pass, ends the call in that read, where no
+// interceptor runs; the message still goes back to the pool.
+func TestResetAfterTheMessageHandsItBack(t *testing.T) {
+	ts := startServer(t, newFakeBackend(), nil)
+	dense, sparse := inputs(4)
+	msg, err := proto.Marshal(rawRequest(dense, sparse, 4, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 5+len(msg))
+	binary.BigEndian.PutUint32(body[1:], uint32(len(msg)))
+	copy(body[5:], msg)
+	c := dialH2(t, ts.srv.Addr().String())
+	headers := callHeaders(inference.GRPCInferenceService_ModelInfer_FullMethodName)
+	const resets = 20
+	for i := range resets {
+		id := uint32(2*i + 1)
+		if err := c.sendOpen(id, headers, body); err != nil {
+			t.Fatal(err)
+		}
+		// Wait until the server has decoded it, so the reset lands in
+		// the read after the message.
+		waitFor(t, 10*time.Second, "the message decoded", func() bool { return ts.srv.held.len() > 0 })
+		if err := c.write(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, http2.ErrCodeCancel) }); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "the reset call's message handed back", func() bool { return ts.srv.held.len() == 0 })
+	}
+
+	// A deadline that passes while the server waits for the stream's end.
+	id := uint32(2*resets + 1)
+	hb := bytes.NewBuffer(slices.Clone(headers))
+	hpack.NewEncoder(hb).WriteField(hpack.HeaderField{Name: "grpc-timeout", Value: "200m"})
+	if err := c.sendOpen(id, hb.Bytes(), body); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the call's deadline to end it", func() bool { return c.streamEnded(id) })
+	waitFor(t, 10*time.Second, "the timed-out call's message handed back", func() bool { return ts.srv.held.len() == 0 })
+	honestCall(t, ts)
+	if n := ts.srv.held.len(); n != 0 {
+		t.Fatalf("%d messages held after an honest call ended", n)
 	}
 }

@@ -1,10 +1,14 @@
 package frontend
 
 import (
+	"context"
 	"testing"
 	"unsafe"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -178,4 +182,155 @@ func TestRequestCodec(t *testing.T) {
 	if codec.Name() != "proto" {
 		t.Errorf("codec named %q, want proto", codec.Name())
 	}
+}
+
+// countingPool is a mem.BufferPool that counts what it hands out and gets
+// back.
+type countingPool struct {
+	gets, puts int
+}
+
+func (p *countingPool) Get(n int) *[]byte {
+	p.gets++
+	b := make([]byte, n)
+	return &b
+}
+
+func (p *countingPool) Put(*[]byte) { p.puts++ }
+
+// TestRequestCodecHoldsTheMessageForTheCall: a request the fast path
+// decodes aliases its message, so the codec keeps the message (a pooled
+// copy, or grpc-go's own buffer when it came in one) until the call's
+// handler has returned, then gives it back exactly once; a request
+// proto.Unmarshal decodes gives it back at once.
+func TestRequestCodecHoldsTheMessageForTheCall(t *testing.T) {
+	opts, err := Options{Model: testConfig(), Backend: newFakeBackend(), MaxBatch: testMaxBatch}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dense, sparse := inputs(3)
+	want := rawRequest(dense, sparse, 3, false)
+	msg, err := proto.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(t *testing.T, codec requestCodec, req *inference.ModelInferRequest) {
+		t.Helper()
+		ran := false
+		handler := codec.held.releasing(func(_ any, _ context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			if err := dec(req); err != nil {
+				return nil, err
+			}
+			ran = true
+			if !proto.Equal(req, want) {
+				t.Errorf("inside the call the request is %v, want %v", req, want)
+			}
+			if codec.held.len() != 1 {
+				t.Errorf("inside the call %d messages held, want 1", codec.held.len())
+			}
+			return nil, nil
+		})
+		_, err := handler(nil, context.Background(), func(any) error { return nil }, nil)
+		if err != nil || !ran {
+			t.Fatalf("handler: ran %v, %v", ran, err)
+		}
+	}
+
+	t.Run("split message, pooled copy", func(t *testing.T) {
+		pool := new(countingPool)
+		codec := newRequestCodec(newSchema(opts))
+		codec.pool = pool
+		half := len(msg) / 2
+		first, second := append([]byte(nil), msg[:half]...), append([]byte(nil), msg[half:]...)
+		var req inference.ModelInferRequest
+		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(first), mem.SliceBuffer(second)}, &req); err != nil {
+			t.Fatal(err)
+		}
+		clear(first) // grpc-go reuses them once Unmarshal returns
+		clear(second)
+		if pool.gets != 1 || pool.puts != 0 || codec.held.len() != 1 {
+			t.Fatalf("after decoding: %d gets, %d puts, %d held; want 1, 0, 1", pool.gets, pool.puts, codec.held.len())
+		}
+		call(t, codec, &req)
+		if pool.puts != 1 || codec.held.len() != 0 {
+			t.Fatalf("after the call: %d puts, %d held; want 1, 0", pool.puts, codec.held.len())
+		}
+		codec.held.release(&req) // a second release finds nothing to free
+		if pool.puts != 1 {
+			t.Fatalf("a second release put the buffer back again: %d puts", pool.puts)
+		}
+	})
+
+	t.Run("one buffer, grpc-go's own", func(t *testing.T) {
+		pool := new(countingPool)
+		codec := newRequestCodec(newSchema(opts))
+		codec.pool = pool
+		b := append([]byte(nil), msg...)
+		data := mem.BufferSlice{mem.NewBuffer(&b, pool)}
+		var req inference.ModelInferRequest
+		if err := codec.Unmarshal(data, &req); err != nil {
+			t.Fatal(err)
+		}
+		data.Free() // grpc-go's reference ends when Unmarshal returns
+		if pool.gets != 0 || pool.puts != 0 || codec.held.len() != 1 {
+			t.Fatalf("after decoding: %d gets, %d puts, %d held; want the buffer itself kept: 0, 0, 1", pool.gets, pool.puts, codec.held.len())
+		}
+		call(t, codec, &req)
+		if pool.puts != 1 || codec.held.len() != 0 {
+			t.Fatalf("after the call: %d puts, %d held; want 1, 0", pool.puts, codec.held.len())
+		}
+	})
+
+	// grpc-go's decode can fail after the codec has decoded the request:
+	// it reads again to see the stream end, and the client may reset
+	// then. The handler returns that error without calling anything else.
+	t.Run("decode fails after decoding", func(t *testing.T) {
+		pool := new(countingPool)
+		codec := newRequestCodec(newSchema(opts))
+		codec.pool = pool
+		handler := codec.held.releasing(func(_ any, _ context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			if err := dec(new(inference.ModelInferRequest)); err != nil {
+				return nil, err
+			}
+			t.Error("the handler went on after its decode failed")
+			return nil, nil
+		})
+		reset := status.Error(codes.Canceled, "stream reset")
+		_, err := handler(nil, context.Background(), func(v any) error {
+			if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(msg[:10]), mem.SliceBuffer(msg[10:])}, v); err != nil {
+				return err
+			}
+			if codec.held.len() != 1 {
+				t.Errorf("after decoding %d messages held, want 1", codec.held.len())
+			}
+			return reset
+		}, nil)
+		if err != reset {
+			t.Fatalf("handler returned %v, want the decode's error", err)
+		}
+		if pool.gets != 1 || pool.puts != 1 || codec.held.len() != 0 {
+			t.Fatalf("after the call: %d gets, %d puts, %d held; want 1, 1, 0", pool.gets, pool.puts, codec.held.len())
+		}
+	})
+
+	t.Run("typed contents, copied by proto.Unmarshal", func(t *testing.T) {
+		pool := new(countingPool)
+		codec := newRequestCodec(newSchema(opts))
+		codec.pool = pool
+		typed, err := proto.Marshal(typedRequest(dense, sparse, 3, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		half := len(typed) / 2
+		var req inference.ModelInferRequest
+		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(typed[:half]), mem.SliceBuffer(typed[half:])}, &req); err != nil {
+			t.Fatal(err)
+		}
+		if pool.gets != 1 || pool.puts != 1 || codec.held.len() != 0 {
+			t.Fatalf("after decoding: %d gets, %d puts, %d held; want 1, 1, 0", pool.gets, pool.puts, codec.held.len())
+		}
+		if !proto.Equal(&req, typedRequest(dense, sparse, 3, false)) {
+			t.Fatalf("decoded %v", &req)
+		}
+	})
 }
