@@ -297,7 +297,7 @@ func (e *Executor) stripDotBuckets(opts Options) int {
 	}
 	if e.log != nil {
 		// The race's figures mean little without knowing which kernel ran.
-		e.log.Info("strip kernel registered", "kernel", stripdot.Kernel())
+		e.log.Info("strip kernel registered", "kernel", stripdot.Kernel(), "prefetch_bytes", stripdot.Prefetch())
 	}
 	return limit
 }

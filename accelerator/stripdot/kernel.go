@@ -117,3 +117,33 @@ func registerAs(pluginPath, target string, kn kernel) error {
 	}
 	return register(pluginPath, target, kn)
 }
+
+// MaxPrefetch is the largest distance SetPrefetch accepts: far beyond any
+// measured optimum, and small against a strip of the networks served.
+const MaxPrefetch = 64 << 10
+
+// SetPrefetch sets how many bytes of a strip the AVX-512 kernel fetches
+// ahead of use, a multiple of 64 up to MaxPrefetch; 0 restores this CPU's
+// default (DefaultPrefetch). The distance is the process's, like the
+// kernel registered with the plugin, so it is set at start-up, before any
+// product or program runs: changing it while one does is a data race. It
+// changes no result, only speed.
+func SetPrefetch(bytes int) error {
+	if bytes < 0 || bytes > MaxPrefetch || bytes%64 != 0 {
+		return fmt.Errorf("stripdot: prefetch distance %d bytes: want 0 (this CPU's default) or a multiple of 64 up to %d", bytes, MaxPrefetch)
+	}
+	if bytes == 0 {
+		bytes = defaultPrefetch()
+	}
+	setPrefetch(bytes)
+	return nil
+}
+
+// Prefetch returns the AVX-512 kernel's prefetch distance in bytes (0 in a
+// build without kernels).
+func Prefetch() int { return prefetch() }
+
+// DefaultPrefetch returns the distance the AVX-512 kernel starts with on
+// this CPU: 8 KiB on AMD's, 2 KiB on others (the C side says what was
+// measured).
+func DefaultPrefetch() int { return defaultPrefetch() }

@@ -84,3 +84,15 @@ func register(pluginPath, target string, kn kernel) error {
 	}
 	return nil
 }
+
+// setPrefetch sets the AVX-512 kernel's prefetch distance in bytes.
+func setPrefetch(bytes int) { C.stripdot_set_prefetch(C.int64_t(bytes)) }
+
+// prefetch returns the AVX-512 kernel's prefetch distance in bytes.
+func prefetch() int { return int(C.stripdot_prefetch()) }
+
+// defaultPrefetch is the prefetch distance this CPU gets (see the C side).
+func defaultPrefetch() int { return int(C.stripdot_default_prefetch()) }
+
+// The kernel starts with its CPU's distance.
+func init() { setPrefetch(defaultPrefetch()) }

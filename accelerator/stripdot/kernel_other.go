@@ -22,3 +22,10 @@ func multiplyHalf(kn kernel, x []float32, m, k int, packed []uint16, elem Elemen
 func register(pluginPath, target string, kn kernel) error {
 	panic("stripdot: register " + kn.String() + " in a build without kernels")
 }
+
+// Without kernels there is no prefetch to set: SetPrefetch only checks.
+func setPrefetch(bytes int) {}
+
+func prefetch() int { return 0 }
+
+func defaultPrefetch() int { return 0 }

@@ -36,6 +36,14 @@ void stripdot_multiply_avx2_f16(const float* x, int64_t m, int64_t k, const uint
 void stripdot_multiply_avx2_bf16(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
                                  float* out);
 
+// stripdot_set_prefetch sets how many bytes of a strip the AVX-512 kernel
+// fetches ahead of use (a multiple of 64); it must not run while a kernel
+// does. stripdot_prefetch returns it, stripdot_default_prefetch what suits
+// this CPU.
+void stripdot_set_prefetch(int64_t bytes);
+int64_t stripdot_prefetch(void);
+int64_t stripdot_default_prefetch(void);
+
 // The kernels stripdot_register can register.
 enum { STRIPDOT_AVX512 = 1, STRIPDOT_AVX2 = 2 };
 

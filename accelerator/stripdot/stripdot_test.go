@@ -3,8 +3,10 @@ package stripdot
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/cpu"
@@ -531,6 +533,87 @@ func BenchmarkMultiplyHalf(b *testing.B) {
 					}
 					b.ReportMetric(float64(b.N)*float64(m)/b.Elapsed().Seconds(), "examples/s")
 				})
+			}
+		}
+	}
+}
+
+// TestPrefetch checks the AVX-512 kernel's prefetch distance: the CPU's
+// default (8 KiB on AMD's, as /proc/cpuinfo names the vendor), what
+// SetPrefetch refuses, and that no distance changes a bit of the product.
+func TestPrefetch(t *testing.T) {
+	if !Supported() {
+		if err := SetPrefetch(4096); err != nil {
+			t.Errorf("SetPrefetch without kernels: %v", err)
+		}
+		t.Skip(ErrUnsupported)
+	}
+	def := DefaultPrefetch()
+	if Prefetch() != def {
+		t.Fatalf("the kernel starts at %d bytes, its CPU's default is %d", Prefetch(), def)
+	}
+	t.Cleanup(func() {
+		if err := SetPrefetch(0); err != nil {
+			t.Error(err)
+		}
+	})
+	if info, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		want := 2048
+		if strings.Contains(string(info), "AuthenticAMD") {
+			want = 8192
+		}
+		if def != want {
+			t.Errorf("DefaultPrefetch() = %d on this CPU, want %d", def, want)
+		}
+	}
+	for _, bad := range []int{-64, 63, 100, MaxPrefetch + 64} {
+		if err := SetPrefetch(bad); err == nil || !strings.Contains(err.Error(), strconv.Itoa(bad)) {
+			t.Errorf("SetPrefetch(%d): err = %v, want one naming the value", bad, err)
+		}
+		if Prefetch() != def {
+			t.Fatalf("SetPrefetch(%d) was refused but moved the distance to %d", bad, Prefetch())
+		}
+	}
+	if !slices.Contains(kernels(), kernelAVX512) {
+		t.Skip("no AVX-512F: the distance is the AVX-512 kernel's")
+	}
+	rng := rand.New(rand.NewPCG(9, 10))
+	const k, n = 3456, 512
+	packed, half := make([]float32, k*n), make([]uint16, k*n)
+	if err := Pack(packed, randomMatrix(rng, k*n), k, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := Pack16(half, randomHalves(rng, k*n, Float16, true), k, n); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []int{1, 13} {
+		x := randomMatrix(rng, m*k)
+		product := func(bytes int) (wide, narrow []float32) {
+			if err := SetPrefetch(bytes); err != nil {
+				t.Fatal(err)
+			}
+			wide, narrow = make([]float32, m*n), make([]float32, m*n)
+			if err := multiplyWith(kernelAVX512, x, m, k, packed, n, wide); err != nil {
+				t.Fatal(err)
+			}
+			if err := multiplyHalfWith(kernelAVX512, x, m, k, half, Float16, n, narrow); err != nil {
+				t.Fatal(err)
+			}
+			return wide, narrow
+		}
+		wantWide, wantNarrow := product(0)
+		if Prefetch() != def {
+			t.Fatalf("SetPrefetch(0) left %d bytes, want the default %d", Prefetch(), def)
+		}
+		for _, bytes := range []int{64, 2048, MaxPrefetch} {
+			wide, narrow := product(bytes)
+			if Prefetch() != bytes {
+				t.Fatalf("SetPrefetch(%d) left %d bytes", bytes, Prefetch())
+			}
+			for i := range wide {
+				if math.Float32bits(wide[i]) != math.Float32bits(wantWide[i]) || math.Float32bits(narrow[i]) != math.Float32bits(wantNarrow[i]) {
+					t.Fatalf("m=%d prefetching %d bytes: out[%d] = %v, %v (fp16), at the default %v, %v", m, bytes, i, wide[i], narrow[i], wantWide[i], wantNarrow[i])
+				}
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/recmesh/recmesh/accelerator/dcn"
 	"github.com/recmesh/recmesh/accelerator/device"
 	"github.com/recmesh/recmesh/accelerator/executor"
+	"github.com/recmesh/recmesh/accelerator/stripdot"
 	"github.com/recmesh/recmesh/model"
 	"github.com/recmesh/recmesh/telemetry/flagenv"
 )
@@ -47,9 +48,11 @@ type commonFlags struct {
 	bundle   string
 	maxBatch int
 	program  string
-	// stripDot and stripDotMax choose the buckets that run the strip kernel.
-	stripDot    string
-	stripDotMax int
+	// stripDot and stripDotMax choose the buckets that run the strip kernel,
+	// stripDotPrefetch how far ahead it reads.
+	stripDot         string
+	stripDotMax      int
+	stripDotPrefetch int
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
@@ -62,6 +65,9 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 		"auto (time both programs of each bucket at start-up, keep the faster), on, or off")
 	fs.IntVar(&c.stripDotMax, "strip-dot-max-bucket", executor.DefaultStripDotMaxBucket,
 		"largest bucket that may use the strip kernel")
+	fs.IntVar(&c.stripDotPrefetch, "strip-dot-prefetch-bytes", 0, fmt.Sprintf(
+		"bytes of weights the AVX-512 strip kernel fetches ahead of use, a multiple of 64 up to %d;\n"+
+			"0: this CPU's default (%d here)", stripdot.MaxPrefetch, stripdot.DefaultPrefetch()))
 	fs.Usage = func() { flagenv.Usage(fs) }
 }
 
@@ -77,7 +83,15 @@ func (c *commonFlags) parse(fs *flag.FlagSet, args []string) error {
 	if err := flagenv.Apply(fs, os.Getenv); err != nil {
 		return err
 	}
-	return c.validate()
+	if err := c.validate(); err != nil {
+		return err
+	}
+	// The kernel's distance is the process's: set once, before any program
+	// is compiled or run.
+	if err := stripdot.SetPrefetch(c.stripDotPrefetch); err != nil {
+		return fmt.Errorf("--strip-dot-prefetch-bytes: %w", err)
+	}
+	return nil
 }
 
 func (c *commonFlags) validate() error {

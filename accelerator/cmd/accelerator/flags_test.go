@@ -5,6 +5,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/recmesh/recmesh/accelerator/stripdot"
 )
 
 func TestCommonFlagsEnvTwins(t *testing.T) {
@@ -114,6 +116,39 @@ func TestProgramAndThreadFlags(t *testing.T) {
 	} {
 		if _, err := parse(tc.args...); err == nil || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%v: %v, want %q", tc.args, err, tc.msg)
+		}
+	}
+}
+
+func TestStripDotPrefetchFlag(t *testing.T) {
+	parse := func(args ...string) error {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var c commonFlags
+		c.register(fs)
+		return c.parse(fs, args)
+	}
+	t.Cleanup(func() { stripdot.SetPrefetch(0) })
+	if err := parse(); err != nil || stripdot.Prefetch() != stripdot.DefaultPrefetch() {
+		t.Fatalf("default: prefetch %d, want %d (%v)", stripdot.Prefetch(), stripdot.DefaultPrefetch(), err)
+	}
+	if !stripdot.Supported() {
+		t.Skip(stripdot.ErrUnsupported) // no kernel, no distance to read back
+	}
+	if err := parse("--strip-dot-prefetch-bytes", "4096"); err != nil || stripdot.Prefetch() != 4096 {
+		t.Fatalf("--strip-dot-prefetch-bytes 4096: prefetch %d, %v", stripdot.Prefetch(), err)
+	}
+	t.Setenv("RECMESH_STRIP_DOT_PREFETCH_BYTES", "1024")
+	if err := parse(); err != nil || stripdot.Prefetch() != 1024 {
+		t.Fatalf("RECMESH_STRIP_DOT_PREFETCH_BYTES=1024: prefetch %d, %v", stripdot.Prefetch(), err)
+	}
+	for _, bad := range []string{"100", "-64", "1048576"} {
+		err := parse("--strip-dot-prefetch-bytes", bad)
+		if err == nil || !strings.Contains(err.Error(), "--strip-dot-prefetch-bytes") || !strings.Contains(err.Error(), " "+bad+" ") {
+			t.Errorf("--strip-dot-prefetch-bytes %s: %v, want an error naming the flag and value", bad, err)
+		}
+		if stripdot.Prefetch() != 1024 {
+			t.Errorf("a refused --strip-dot-prefetch-bytes %s moved the distance to %d", bad, stripdot.Prefetch())
 		}
 	}
 }
