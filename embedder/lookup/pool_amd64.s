@@ -44,153 +44,33 @@ DATA levels<>+56(SB)/4, $0x41600000
 DATA levels<>+60(SB)/4, $0x41700000
 GLOBL levels<>(SB), RODATA|NOPTR, $64
 
-DATA spread<>+0(SB)/4, $0x00000000
-DATA spread<>+4(SB)/4, $0x00000000
-DATA spread<>+8(SB)/4, $0x00000000
-DATA spread<>+12(SB)/4, $0x00000000
-DATA spread<>+16(SB)/4, $0x00000000
-DATA spread<>+20(SB)/4, $0x00000000
-DATA spread<>+24(SB)/4, $0x00000000
-DATA spread<>+28(SB)/4, $0x00000000
-DATA spread<>+32(SB)/4, $0x00000001
-DATA spread<>+36(SB)/4, $0x00000001
-DATA spread<>+40(SB)/4, $0x00000001
-DATA spread<>+44(SB)/4, $0x00000001
-DATA spread<>+48(SB)/4, $0x00000001
-DATA spread<>+52(SB)/4, $0x00000001
-DATA spread<>+56(SB)/4, $0x00000001
-DATA spread<>+60(SB)/4, $0x00000001
-DATA spread<>+64(SB)/4, $0x00000002
-DATA spread<>+68(SB)/4, $0x00000002
-DATA spread<>+72(SB)/4, $0x00000002
-DATA spread<>+76(SB)/4, $0x00000002
-DATA spread<>+80(SB)/4, $0x00000002
-DATA spread<>+84(SB)/4, $0x00000002
-DATA spread<>+88(SB)/4, $0x00000002
-DATA spread<>+92(SB)/4, $0x00000002
-DATA spread<>+96(SB)/4, $0x00000003
-DATA spread<>+100(SB)/4, $0x00000003
-DATA spread<>+104(SB)/4, $0x00000003
-DATA spread<>+108(SB)/4, $0x00000003
-DATA spread<>+112(SB)/4, $0x00000003
-DATA spread<>+116(SB)/4, $0x00000003
-DATA spread<>+120(SB)/4, $0x00000003
-DATA spread<>+124(SB)/4, $0x00000003
-DATA spread<>+128(SB)/4, $0x00000004
-DATA spread<>+132(SB)/4, $0x00000004
-DATA spread<>+136(SB)/4, $0x00000004
-DATA spread<>+140(SB)/4, $0x00000004
-DATA spread<>+144(SB)/4, $0x00000004
-DATA spread<>+148(SB)/4, $0x00000004
-DATA spread<>+152(SB)/4, $0x00000004
-DATA spread<>+156(SB)/4, $0x00000004
-DATA spread<>+160(SB)/4, $0x00000005
-DATA spread<>+164(SB)/4, $0x00000005
-DATA spread<>+168(SB)/4, $0x00000005
-DATA spread<>+172(SB)/4, $0x00000005
-DATA spread<>+176(SB)/4, $0x00000005
-DATA spread<>+180(SB)/4, $0x00000005
-DATA spread<>+184(SB)/4, $0x00000005
-DATA spread<>+188(SB)/4, $0x00000005
-DATA spread<>+192(SB)/4, $0x00000006
-DATA spread<>+196(SB)/4, $0x00000006
-DATA spread<>+200(SB)/4, $0x00000006
-DATA spread<>+204(SB)/4, $0x00000006
-DATA spread<>+208(SB)/4, $0x00000006
-DATA spread<>+212(SB)/4, $0x00000006
-DATA spread<>+216(SB)/4, $0x00000006
-DATA spread<>+220(SB)/4, $0x00000006
-DATA spread<>+224(SB)/4, $0x00000007
-DATA spread<>+228(SB)/4, $0x00000007
-DATA spread<>+232(SB)/4, $0x00000007
-DATA spread<>+236(SB)/4, $0x00000007
-DATA spread<>+240(SB)/4, $0x00000007
-DATA spread<>+244(SB)/4, $0x00000007
-DATA spread<>+248(SB)/4, $0x00000007
-DATA spread<>+252(SB)/4, $0x00000007
-DATA spread<>+256(SB)/4, $0x00000008
-DATA spread<>+260(SB)/4, $0x00000008
-DATA spread<>+264(SB)/4, $0x00000008
-DATA spread<>+268(SB)/4, $0x00000008
-DATA spread<>+272(SB)/4, $0x00000008
-DATA spread<>+276(SB)/4, $0x00000008
-DATA spread<>+280(SB)/4, $0x00000008
-DATA spread<>+284(SB)/4, $0x00000008
-DATA spread<>+288(SB)/4, $0x00000009
-DATA spread<>+292(SB)/4, $0x00000009
-DATA spread<>+296(SB)/4, $0x00000009
-DATA spread<>+300(SB)/4, $0x00000009
-DATA spread<>+304(SB)/4, $0x00000009
-DATA spread<>+308(SB)/4, $0x00000009
-DATA spread<>+312(SB)/4, $0x00000009
-DATA spread<>+316(SB)/4, $0x00000009
-DATA spread<>+320(SB)/4, $0x0000000a
-DATA spread<>+324(SB)/4, $0x0000000a
-DATA spread<>+328(SB)/4, $0x0000000a
-DATA spread<>+332(SB)/4, $0x0000000a
-DATA spread<>+336(SB)/4, $0x0000000a
-DATA spread<>+340(SB)/4, $0x0000000a
-DATA spread<>+344(SB)/4, $0x0000000a
-DATA spread<>+348(SB)/4, $0x0000000a
-DATA spread<>+352(SB)/4, $0x0000000b
-DATA spread<>+356(SB)/4, $0x0000000b
-DATA spread<>+360(SB)/4, $0x0000000b
-DATA spread<>+364(SB)/4, $0x0000000b
-DATA spread<>+368(SB)/4, $0x0000000b
-DATA spread<>+372(SB)/4, $0x0000000b
-DATA spread<>+376(SB)/4, $0x0000000b
-DATA spread<>+380(SB)/4, $0x0000000b
-DATA spread<>+384(SB)/4, $0x0000000c
-DATA spread<>+388(SB)/4, $0x0000000c
-DATA spread<>+392(SB)/4, $0x0000000c
-DATA spread<>+396(SB)/4, $0x0000000c
-DATA spread<>+400(SB)/4, $0x0000000c
-DATA spread<>+404(SB)/4, $0x0000000c
-DATA spread<>+408(SB)/4, $0x0000000c
-DATA spread<>+412(SB)/4, $0x0000000c
-DATA spread<>+416(SB)/4, $0x0000000d
-DATA spread<>+420(SB)/4, $0x0000000d
-DATA spread<>+424(SB)/4, $0x0000000d
-DATA spread<>+428(SB)/4, $0x0000000d
-DATA spread<>+432(SB)/4, $0x0000000d
-DATA spread<>+436(SB)/4, $0x0000000d
-DATA spread<>+440(SB)/4, $0x0000000d
-DATA spread<>+444(SB)/4, $0x0000000d
-DATA spread<>+448(SB)/4, $0x0000000e
-DATA spread<>+452(SB)/4, $0x0000000e
-DATA spread<>+456(SB)/4, $0x0000000e
-DATA spread<>+460(SB)/4, $0x0000000e
-DATA spread<>+464(SB)/4, $0x0000000e
-DATA spread<>+468(SB)/4, $0x0000000e
-DATA spread<>+472(SB)/4, $0x0000000e
-DATA spread<>+476(SB)/4, $0x0000000e
-DATA spread<>+480(SB)/4, $0x0000000f
-DATA spread<>+484(SB)/4, $0x0000000f
-DATA spread<>+488(SB)/4, $0x0000000f
-DATA spread<>+492(SB)/4, $0x0000000f
-DATA spread<>+496(SB)/4, $0x0000000f
-DATA spread<>+500(SB)/4, $0x0000000f
-DATA spread<>+504(SB)/4, $0x0000000f
-DATA spread<>+508(SB)/4, $0x0000000f
-GLOBL spread<>(SB), RODATA|NOPTR, $512
+DATA qwordshift<>+0(SB)/8, $0x0000000000000000
+DATA qwordshift<>+8(SB)/8, $0x0000000000000004
+DATA qwordshift<>+16(SB)/8, $0x0000000000000008
+DATA qwordshift<>+24(SB)/8, $0x000000000000000c
+DATA qwordshift<>+32(SB)/8, $0x0000000000000010
+DATA qwordshift<>+40(SB)/8, $0x0000000000000014
+DATA qwordshift<>+48(SB)/8, $0x0000000000000018
+DATA qwordshift<>+56(SB)/8, $0x000000000000001c
+GLOBL qwordshift<>(SB), RODATA|NOPTR, $64
 
-DATA nibbleshift<>+0(SB)/4, $0x00000000
-DATA nibbleshift<>+4(SB)/4, $0x00000004
-DATA nibbleshift<>+8(SB)/4, $0x00000008
-DATA nibbleshift<>+12(SB)/4, $0x0000000c
-DATA nibbleshift<>+16(SB)/4, $0x00000010
-DATA nibbleshift<>+20(SB)/4, $0x00000014
-DATA nibbleshift<>+24(SB)/4, $0x00000018
-DATA nibbleshift<>+28(SB)/4, $0x0000001c
-DATA nibbleshift<>+32(SB)/4, $0x00000000
-DATA nibbleshift<>+36(SB)/4, $0x00000004
-DATA nibbleshift<>+40(SB)/4, $0x00000008
-DATA nibbleshift<>+44(SB)/4, $0x0000000c
-DATA nibbleshift<>+48(SB)/4, $0x00000010
-DATA nibbleshift<>+52(SB)/4, $0x00000014
-DATA nibbleshift<>+56(SB)/4, $0x00000018
-DATA nibbleshift<>+60(SB)/4, $0x0000001c
-GLOBL nibbleshift<>(SB), RODATA|NOPTR, $64
+DATA unzip<>+0(SB)/4, $0x00000000
+DATA unzip<>+4(SB)/4, $0x00000002
+DATA unzip<>+8(SB)/4, $0x00000004
+DATA unzip<>+12(SB)/4, $0x00000006
+DATA unzip<>+16(SB)/4, $0x00000008
+DATA unzip<>+20(SB)/4, $0x0000000a
+DATA unzip<>+24(SB)/4, $0x0000000c
+DATA unzip<>+28(SB)/4, $0x0000000e
+DATA unzip<>+32(SB)/4, $0x00000001
+DATA unzip<>+36(SB)/4, $0x00000003
+DATA unzip<>+40(SB)/4, $0x00000005
+DATA unzip<>+44(SB)/4, $0x00000007
+DATA unzip<>+48(SB)/4, $0x00000009
+DATA unzip<>+52(SB)/4, $0x0000000b
+DATA unzip<>+56(SB)/4, $0x0000000d
+DATA unzip<>+60(SB)/4, $0x0000000f
+GLOBL unzip<>(SB), RODATA|NOPTR, $64
 
 // func poolAVX512(out *float32, ids *int32, n int, bases *uintptr, hot *int, ntab int, pos *uintptr, width int, dist int, prec int)
 // Requires: AVX, AVX2, AVX512F, MMX+
@@ -784,39 +664,30 @@ poolAVX512Int4_table:
 	VMOVUPS      levels<>+0(SB), Z8
 	VMULPS       Z0, Z8, Z8
 	VADDPS       Z1, Z8, Z8
-	VMOVDQU32    (R13), Z9
-	VMOVDQU32    nibbleshift<>+0(SB), Z10
-	VMOVDQU32    spread<>+0(SB), Z0
-	VPERMD       Z9, Z0, Z0
-	VPSRLVD      Z10, Z0, Z0
+	VMOVDQU64    qwordshift<>+0(SB), Z9
+	VPBROADCASTQ (R13), Z0
+	VPSRLVQ      Z9, Z0, Z0
 	VPERMPS      Z8, Z0, Z0
-	VMOVDQU32    spread<>+64(SB), Z1
-	VPERMD       Z9, Z1, Z1
-	VPSRLVD      Z10, Z1, Z1
+	VPBROADCASTQ 8(R13), Z1
+	VPSRLVQ      Z9, Z1, Z1
 	VPERMPS      Z8, Z1, Z1
-	VMOVDQU32    spread<>+128(SB), Z2
-	VPERMD       Z9, Z2, Z2
-	VPSRLVD      Z10, Z2, Z2
+	VPBROADCASTQ 16(R13), Z2
+	VPSRLVQ      Z9, Z2, Z2
 	VPERMPS      Z8, Z2, Z2
-	VMOVDQU32    spread<>+192(SB), Z3
-	VPERMD       Z9, Z3, Z3
-	VPSRLVD      Z10, Z3, Z3
+	VPBROADCASTQ 24(R13), Z3
+	VPSRLVQ      Z9, Z3, Z3
 	VPERMPS      Z8, Z3, Z3
-	VMOVDQU32    spread<>+256(SB), Z4
-	VPERMD       Z9, Z4, Z4
-	VPSRLVD      Z10, Z4, Z4
+	VPBROADCASTQ 32(R13), Z4
+	VPSRLVQ      Z9, Z4, Z4
 	VPERMPS      Z8, Z4, Z4
-	VMOVDQU32    spread<>+320(SB), Z5
-	VPERMD       Z9, Z5, Z5
-	VPSRLVD      Z10, Z5, Z5
+	VPBROADCASTQ 40(R13), Z5
+	VPSRLVQ      Z9, Z5, Z5
 	VPERMPS      Z8, Z5, Z5
-	VMOVDQU32    spread<>+384(SB), Z6
-	VPERMD       Z9, Z6, Z6
-	VPSRLVD      Z10, Z6, Z6
+	VPBROADCASTQ 48(R13), Z6
+	VPSRLVQ      Z9, Z6, Z6
 	VPERMPS      Z8, Z6, Z6
-	VMOVDQU32    spread<>+448(SB), Z7
-	VPERMD       Z9, Z7, Z7
-	VPSRLVD      Z10, Z7, Z7
+	VPBROADCASTQ 56(R13), Z7
+	VPSRLVQ      Z9, Z7, Z7
 	VPERMPS      Z8, Z7, Z7
 	CMPQ         R8, DI
 	JAE          poolAVX512Int4_pfskip2
@@ -848,48 +719,39 @@ poolAVX512Int4_bag:
 	VMOVUPS      levels<>+0(SB), Z10
 	VMULPS       Z8, Z10, Z10
 	VADDPS       Z9, Z10, Z10
-	VMOVDQU32    (R13), Z8
-	VMOVDQU32    nibbleshift<>+0(SB), Z9
-	VMOVDQU32    spread<>+0(SB), Z11
-	VPERMD       Z8, Z11, Z11
-	VPSRLVD      Z9, Z11, Z11
-	VPERMPS      Z10, Z11, Z11
-	VADDPS       Z11, Z0, Z0
-	VMOVDQU32    spread<>+64(SB), Z11
-	VPERMD       Z8, Z11, Z11
-	VPSRLVD      Z9, Z11, Z11
-	VPERMPS      Z10, Z11, Z11
-	VADDPS       Z11, Z1, Z1
-	VMOVDQU32    spread<>+128(SB), Z11
-	VPERMD       Z8, Z11, Z11
-	VPSRLVD      Z9, Z11, Z11
-	VPERMPS      Z10, Z11, Z11
-	VADDPS       Z11, Z2, Z2
-	VMOVDQU32    spread<>+192(SB), Z11
-	VPERMD       Z8, Z11, Z11
-	VPSRLVD      Z9, Z11, Z11
-	VPERMPS      Z10, Z11, Z11
-	VADDPS       Z11, Z3, Z3
-	VMOVDQU32    spread<>+256(SB), Z11
-	VPERMD       Z8, Z11, Z11
-	VPSRLVD      Z9, Z11, Z11
-	VPERMPS      Z10, Z11, Z11
-	VADDPS       Z11, Z4, Z4
-	VMOVDQU32    spread<>+320(SB), Z11
-	VPERMD       Z8, Z11, Z11
-	VPSRLVD      Z9, Z11, Z11
-	VPERMPS      Z10, Z11, Z11
-	VADDPS       Z11, Z5, Z5
-	VMOVDQU32    spread<>+384(SB), Z11
-	VPERMD       Z8, Z11, Z11
-	VPSRLVD      Z9, Z11, Z11
-	VPERMPS      Z10, Z11, Z11
-	VADDPS       Z11, Z6, Z6
-	VMOVDQU32    spread<>+448(SB), Z11
-	VPERMD       Z8, Z11, Z11
-	VPSRLVD      Z9, Z11, Z11
-	VPERMPS      Z10, Z11, Z11
-	VADDPS       Z11, Z7, Z7
+	VMOVDQU64    qwordshift<>+0(SB), Z8
+	VPBROADCASTQ (R13), Z9
+	VPSRLVQ      Z8, Z9, Z9
+	VPERMPS      Z10, Z9, Z9
+	VADDPS       Z9, Z0, Z0
+	VPBROADCASTQ 8(R13), Z9
+	VPSRLVQ      Z8, Z9, Z9
+	VPERMPS      Z10, Z9, Z9
+	VADDPS       Z9, Z1, Z1
+	VPBROADCASTQ 16(R13), Z9
+	VPSRLVQ      Z8, Z9, Z9
+	VPERMPS      Z10, Z9, Z9
+	VADDPS       Z9, Z2, Z2
+	VPBROADCASTQ 24(R13), Z9
+	VPSRLVQ      Z8, Z9, Z9
+	VPERMPS      Z10, Z9, Z9
+	VADDPS       Z9, Z3, Z3
+	VPBROADCASTQ 32(R13), Z9
+	VPSRLVQ      Z8, Z9, Z9
+	VPERMPS      Z10, Z9, Z9
+	VADDPS       Z9, Z4, Z4
+	VPBROADCASTQ 40(R13), Z9
+	VPSRLVQ      Z8, Z9, Z9
+	VPERMPS      Z10, Z9, Z9
+	VADDPS       Z9, Z5, Z5
+	VPBROADCASTQ 48(R13), Z9
+	VPSRLVQ      Z8, Z9, Z9
+	VPERMPS      Z10, Z9, Z9
+	VADDPS       Z9, Z6, Z6
+	VPBROADCASTQ 56(R13), Z9
+	VPSRLVQ      Z8, Z9, Z9
+	VPERMPS      Z10, Z9, Z9
+	VADDPS       Z9, Z7, Z7
 	CMPQ         R8, DI
 	JAE          poolAVX512Int4_pfskip3
 	MOVLQSX      (R8), R13
@@ -908,20 +770,29 @@ poolAVX512Int4_pfskip3:
 	JNZ  poolAVX512Int4_bag
 
 poolAVX512Int4_store:
-	VMOVUPS Z0, (AX)
-	VMOVUPS Z1, 64(AX)
-	VMOVUPS Z2, 128(AX)
-	VMOVUPS Z3, 192(AX)
-	VMOVUPS Z4, 256(AX)
-	VMOVUPS Z5, 320(AX)
-	VMOVUPS Z6, 384(AX)
-	VMOVUPS Z7, 448(AX)
-	ADDQ    $0x00000200, AX
-	INCQ    R10
-	CMPQ    R10, ntab+40(FP)
-	JB      poolAVX512Int4_table
-	CMPQ    CX, DI
-	JB      poolAVX512Int4_example
+	VMOVDQU32 unzip<>+0(SB), Z8
+	VPERMPS   Z0, Z8, Z0
+	VPERMPS   Z1, Z8, Z1
+	VPERMPS   Z2, Z8, Z2
+	VPERMPS   Z3, Z8, Z3
+	VPERMPS   Z4, Z8, Z4
+	VPERMPS   Z5, Z8, Z5
+	VPERMPS   Z6, Z8, Z6
+	VPERMPS   Z7, Z8, Z7
+	VMOVUPS   Z0, (AX)
+	VMOVUPS   Z1, 64(AX)
+	VMOVUPS   Z2, 128(AX)
+	VMOVUPS   Z3, 192(AX)
+	VMOVUPS   Z4, 256(AX)
+	VMOVUPS   Z5, 320(AX)
+	VMOVUPS   Z6, 384(AX)
+	VMOVUPS   Z7, 448(AX)
+	ADDQ      $0x00000200, AX
+	INCQ      R10
+	CMPQ      R10, ntab+40(FP)
+	JB        poolAVX512Int4_table
+	CMPQ      CX, DI
+	JB        poolAVX512Int4_example
 
 poolAVX512Int4_done:
 	VZEROUPPER

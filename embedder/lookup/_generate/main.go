@@ -66,11 +66,10 @@ var (
 	zeros    Mem // 32 zero bytes: what the AVX2 int4 loop widens with
 	quietBit Mem // 8 dwords of 1<<22: a float32's quiet-NaN bit
 	// The AVX-512 int4 loop's (int4Table): levels is the float32 values
-	// 0..15, spread the dword indexes that put dword 2g of a row's values
-	// in lanes 0-7 and dword 2g+1 in lanes 8-15 (one 64-byte index
-	// vector per g), and nibbleShift the shifts 0, 4, ..., 28 twice that
-	// bring lane i's nibble (element 16g+i) to its low four bits.
-	levels, spread, nibbleShift Mem
+	// 0..15, qwordShift the shifts 0, 4, ..., 28 that bring nibbles q and
+	// 8+q of a qword to the low bits of its two dwords, and unzip the
+	// dword indexes that put those lanes back in element order.
+	levels, qwordShift, unzip Mem
 )
 
 func main() {
@@ -91,15 +90,13 @@ func main() {
 	for q := 0; q < 16; q++ {
 		DATA(4*q, U32(math.Float32bits(float32(q)))) // avo writes F32(1) as the integer 1
 	}
-	spread = GLOBL("spread", RODATA|NOPTR)
-	for g := 0; g < 8; g++ {
-		for i := 0; i < 16; i++ {
-			DATA(64*g+4*i, U32(uint32(2*g+i/8)))
-		}
+	qwordShift = GLOBL("qwordshift", RODATA|NOPTR)
+	for q := 0; q < 8; q++ {
+		DATA(8*q, U64(uint64(4*q)))
 	}
-	nibbleShift = GLOBL("nibbleshift", RODATA|NOPTR)
-	for i := 0; i < 16; i++ {
-		DATA(4*i, U32(uint32(4*(i%8))))
+	unzip = GLOBL("unzip", RODATA|NOPTR)
+	for e := 0; e < 16; e++ {
+		DATA(4*e, U32(uint32(2*(e%8)+e/8)))
 	}
 	precisions = []precision{fp32, fp16, int8, int4}
 	for _, v := range []vector{avx512, avx2} {
@@ -243,6 +240,12 @@ var int4 = precision{
 // elements 32 apart (see int4), each lane where it belongs.
 func int4Store(v vector, out reg.Register, acc []reg.VecVirtual, seg int) {
 	if v.bytes == 64 {
+		// Lanes 2q and 2q+1 hold elements q and 8+q (int4Table).
+		idx := ZMM()
+		VMOVDQU32(unzip, idx)
+		for _, a := range acc {
+			VPERMPS(a, idx, a)
+		}
 		storeInOrder(v, out, acc, seg)
 		return
 	}
@@ -265,11 +268,17 @@ func storeInOrder(v vector, out reg.Register, acc []reg.VecVirtual, seg int) {
 // computes the 16 values float32(q)·scale + bias once, with the very
 // operations scaleAdd uses (so each has scaleAdd's bits, NaN included), in
 // one register, and VPERMPS looks each element's value up by its nibble
-// (it reads only an index's low four bits, so no mask is needed). Per 16
-// elements that is a VPERMD that spreads their two dwords over the lanes,
-// a VPSRLVD that brings each lane's nibble down and the VPERMPS, in place
-// of the widenings, conversion, multiply and add of the other loops: the
-// int4 loop was bound by those, at about 60 cycles a row.
+// (it reads only an index's low four bits, so no mask is needed). The 16
+// elements of accumulator g are the 16 nibbles of the row's qword g:
+// VPBROADCASTQ puts that qword in every qword lane (a load, no shuffle)
+// and VPSRLVQ shifts lane q right by 4q bits, which leaves nibble q at the
+// bottom of the lane's low dword and nibble 8+q at the bottom of its high
+// one. So accumulator g holds elements 16g+q in lane 2q and 16g+8+q in
+// lane 2q+1, and int4Store puts them back in order once a bag. That is one
+// permute per 16 elements in place of the widenings, conversion, multiply
+// and add of the other loops; the loop had two (a VPERMD to spread the
+// row's dwords over the lanes, then VPSRLVD), and on an AMD EPYC Zen 5 the
+// permutes bound it.
 func int4Table(row reg.GPVirtual, acc []reg.VecVirtual, first bool) {
 	scale, bias := ZMM(), ZMM()
 	for _, f := range []struct {
@@ -284,14 +293,12 @@ func int4Table(row reg.GPVirtual, acc []reg.VecVirtual, first bool) {
 	VMOVUPS(levels, table)
 	VMULPS(scale, table, table)
 	VADDPS(bias, table, table)
-	codes, shift := ZMM(), ZMM()
-	VMOVDQU32(Mem{Base: row}, codes)
-	VMOVDQU32(nibbleShift, shift)
+	shift := ZMM()
+	VMOVDQU64(qwordShift, shift)
 	for g, a := range acc {
 		x := target(avx512, a, first)
-		VMOVDQU32(spread.Offset(64*g), x)
-		VPERMD(codes, x, x)
-		VPSRLVD(shift, x, x)
+		VPBROADCASTQ(Mem{Base: row, Disp: 8 * g}, x)
+		VPSRLVQ(shift, x, x)
 		VPERMPS(table, x, x)
 		if !first {
 			VADDPS(x, a, a)
