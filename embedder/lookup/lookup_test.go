@@ -424,14 +424,21 @@ func uintptrOfF(f []float32) uintptr { return uintptr(unsafe.Pointer(unsafe.Slic
 // at a narrower precision, and that a distance set by hand wins over
 // every kernel's.
 func TestPrefetchRows(t *testing.T) {
-	for _, tab := range []*Tables{newTestTables(t, 50, 3), newQuantTables(t, model.DtypeInt8, 50, 3)} {
+	tables := []*Tables{newTestTables(t, 50, 3)}
+	for _, d := range []model.Dtype{model.DtypeFP16, model.DtypeInt8, model.DtypeInt4} {
+		tables = append(tables, newQuantTables(t, d, 50, 3))
+	}
+	for _, tab := range tables {
 		for _, k := range tab.Kernels() {
 			if err := tab.SetKernel(k); err != nil {
 				t.Fatal(err)
 			}
 			want := DefaultPrefetchRows
-			if k == "avx2" && tab.Dtype() == model.DtypeFP32 {
+			switch d := tab.Dtype(); {
+			case k == "avx2" && d == model.DtypeFP32:
 				want = AVX2FP32PrefetchRows
+			case k == "avx512" && (d == model.DtypeInt8 || d == model.DtypeInt4):
+				want = AVX512NarrowPrefetchRows
 			}
 			if got := tab.PrefetchRows(); got != want {
 				t.Errorf("%s %s: %d rows ahead by default, want %d", tab.Dtype(), k, got, want)

@@ -29,7 +29,8 @@ func main() {
 	fs.Uint64Var(&o.Seed, "seed", defaultSeed, "seed of the random ids")
 	fs.IntVar(&o.CPU, "cpu", -1, "CPU to pin the benchmark thread to (-1: the last allowed)")
 	fs.StringVar(&o.Kernel, "kernel", "", "kernel: "+strings.Join(lookup.Kernels(), ", ")+" (default the first)")
-	fs.IntVar(&o.Prefetch, "prefetch", -1, fmt.Sprintf("rows prefetched ahead (-1: the kernel's default, %d; %d for avx2 at fp32)", lookup.DefaultPrefetchRows, lookup.AVX2FP32PrefetchRows))
+	fs.IntVar(&o.Prefetch, "prefetch", -1, fmt.Sprintf("rows prefetched ahead (-1: the kernel's default, %d; %d for avx2 at fp32, %d for avx512 at int8 and int4)",
+		lookup.DefaultPrefetchRows, lookup.AVX2FP32PrefetchRows, lookup.AVX512NarrowPrefetchRows))
 	fs.StringVar(&o.JSON, "json", "", "write the result as JSON to this file")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the measured loop to this file")
 	if err := parse(fs, os.Args[1:]); err != nil {
