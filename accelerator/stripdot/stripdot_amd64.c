@@ -36,7 +36,12 @@ enum { ELEM_F32, ELEM_F16, ELEM_BF16 };
 // block has many rows: without this the kernel stalls on memory at every
 // page and reaches a third of its in-cache speed. Enough is what keeps the
 // core's memory busy, so it differs between CPUs (stripdot_default_prefetch).
-static int64_t prefetch_bytes = 2048;
+// PREFETCH_OTHER is the distance of CPUs other than AMD's, and the one a
+// process has until package stripdot's init sets its CPU's.
+#define PREFETCH_OTHER 2048
+#define PREFETCH_AMD 8192
+
+static int64_t prefetch_bytes = PREFETCH_OTHER;
 
 void stripdot_set_prefetch(int64_t bytes) { prefetch_bytes = bytes; }
 
@@ -50,9 +55,9 @@ int64_t stripdot_prefetch(void) { return prefetch_bytes; }
 int64_t stripdot_default_prefetch(void) {
   unsigned a, b, c, d;
   if (__get_cpuid(0, &a, &b, &c, &d) && b == signature_AMD_ebx && c == signature_AMD_ecx && d == signature_AMD_edx) {
-    return 8192;
+    return PREFETCH_AMD;
   }
-  return 2048;
+  return PREFETCH_OTHER;
 }
 
 #pragma GCC push_options

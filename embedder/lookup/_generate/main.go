@@ -276,9 +276,9 @@ func storeInOrder(v vector, out reg.Register, acc []reg.VecVirtual, seg int) {
 // one. So accumulator g holds elements 16g+q in lane 2q and 16g+8+q in
 // lane 2q+1, and int4Store puts them back in order once a bag. That is one
 // permute per 16 elements in place of the widenings, conversion, multiply
-// and add of the other loops; the loop had two (a VPERMD to spread the
-// row's dwords over the lanes, then VPSRLVD), and on an AMD EPYC Zen 5 the
-// permutes bound it.
+// and add of the other loops. The loop had two (a VPERMD to spread the
+// row's dwords over the lanes, then the VPERMPS), and on an AMD EPYC Zen 5
+// the permutes bound it.
 func int4Table(row reg.GPVirtual, acc []reg.VecVirtual, first bool) {
 	scale, bias := ZMM(), ZMM()
 	for _, f := range []struct {
