@@ -377,9 +377,14 @@ func (e *Executor) chooseStripDot(strips []*pjrt.LoadedExecutable) error {
 	return nil
 }
 
-// raceRounds is how many runs of each program the start-up comparison
-// times, alternating so that drift in the host's speed hits both alike.
-const raceRounds = 7
+// raceRounds is how many turns of each program the start-up comparison
+// times, alternating so that drift in the host's speed hits both alike;
+// raceTurn is how many runs back to back make a turn, of which only the
+// last is timed.
+const (
+	raceRounds = 5
+	raceTurn   = 2
+)
 
 // race times the two programs of bucket i and returns each one's fastest
 // run. The race runs at start-up, when the rest of the mesh is loading
@@ -387,27 +392,33 @@ const raceRounds = 7
 // the core only ever adds time: the fastest run is the least disturbed
 // one. (With the median, a race during the embedder's start chose the
 // dot program for bucket 1 at 4.3 against 4.8 ms, where quiet runs put
-// the kernel 10 % ahead.)
+// the kernel 10 % ahead.) A timed run follows a run of the same program,
+// as it does when serving, where a bucket's calls come in streaks: timed
+// right after its rival, in the caches as the rival left them, the kernel
+// tied the dot program at bucket 1 on an AMD EPYC (Zen 5) where it runs
+// 12-15 % faster in streaks (figures in docs/design.md).
 func (e *Executor) race(i int, a, b *pjrt.LoadedExecutable, in *Inputs) (time.Duration, time.Duration, error) {
 	var ta, tb []time.Duration
 	for r := 0; r <= raceRounds; r++ {
 		for _, x := range []*pjrt.LoadedExecutable{a, b} {
-			t0 := time.Now()
-			outs, err := e.execute(x, in, i)
-			if err != nil {
-				return 0, 0, err
-			}
-			d := time.Since(t0)
-			for _, o := range outs {
-				o.Destroy()
-			}
-			if r == 0 {
-				continue // warm-up: first touch of the weights and code
-			}
-			if x == a {
-				ta = append(ta, d)
-			} else {
-				tb = append(tb, d)
+			for run := range raceTurn {
+				t0 := time.Now()
+				outs, err := e.execute(x, in, i)
+				if err != nil {
+					return 0, 0, err
+				}
+				d := time.Since(t0)
+				for _, o := range outs {
+					o.Destroy()
+				}
+				if r == 0 || run < raceTurn-1 {
+					continue // warm-up: first touch of the weights and code, or the rival's cache state
+				}
+				if x == a {
+					ta = append(ta, d)
+				} else {
+					tb = append(tb, d)
+				}
 			}
 		}
 	}
