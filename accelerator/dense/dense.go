@@ -77,6 +77,12 @@ type Options struct {
 	// Retry is the wait between attempts to watch the bucket when it does
 	// not exist or the watch broke. Default DefaultRetry.
 	Retry time.Duration
+	// Release, if set, runs once an object's or a bundle's weights were
+	// read and offered to the executors: the accelerator hands what the
+	// reading and the copies left in its heaps back to the kernel
+	// (device.ReleaseHeap). The collector, paced by them while they
+	// lived, would keep them for as long as serving allocates little.
+	Release func()
 }
 
 // Watcher applies the bucket's objects to the registered executors.
@@ -276,6 +282,7 @@ func (w *Watcher) apply(ctx context.Context, obs jetstream.ObjectStore, info *je
 	if err != nil {
 		return fmt.Errorf("download %s/%s: %w", updates.DenseBucket, info.Name, err)
 	}
+	defer w.release()
 	fetched := time.Since(start)
 	source := fmt.Sprintf("%s/%s@%s", updates.DenseBucket, info.Name, rev)
 	for _, s := range ts {
@@ -318,6 +325,7 @@ func (w *Watcher) revert(modelID string, ts []Swapper) {
 		return
 	}
 	defer b.Close()
+	defer w.release()
 	params := model.DenseWeightsOf(b)
 	for _, s := range ts {
 		err := s.SwapWeights(params)
@@ -330,6 +338,13 @@ func (w *Watcher) revert(modelID string, ts []Swapper) {
 			w.swapped(s, SourceBundle, "")
 			w.opts.Log.Info("dense weights: object deleted, serving the bundle's weights again", "model", modelID, "bundle", dir)
 		}
+	}
+}
+
+// release runs Options.Release, if set.
+func (w *Watcher) release() {
+	if w.opts.Release != nil {
+		w.opts.Release()
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,8 +181,10 @@ func TestWatch(t *testing.T) {
 	cfg, dir := bundle.Config, bundle.Dir
 	id := cfg.ID()
 	reg := prometheus.NewRegistry()
+	var releases atomic.Int64
 	w := New(Options{JS: js, Registry: reg, Retry: 20 * time.Millisecond,
-		Bundle: func(m string) (string, bool) { return dir, m == id }})
+		Bundle:  func(m string) (string, bool) { return dir, m == id },
+		Release: func() { releases.Add(1) }})
 	a := &fake{cfg: cfg}
 	w.Add(ctx, a) // no bucket yet: serves the bundle's weights
 	running(t, w)
@@ -201,6 +204,7 @@ func TestWatch(t *testing.T) {
 	}
 	source := fmt.Sprintf("recmesh-dense/%s@%s", id, info.NUID)
 	waitFor(t, "the swap", func() bool { return w.Status(id).Source == source })
+	waitFor(t, "the swap's garbage released", func() bool { return releases.Load() == 1 })
 	if v, n := a.first("top_mlp.0.kernel"); v != seven["top_mlp.0.kernel"][0] || n != 1 {
 		t.Fatalf("after the swap the fake serves %v (%d swaps), want %v (1)", v, n, seven["top_mlp.0.kernel"][0])
 	}
@@ -250,11 +254,14 @@ func TestWatch(t *testing.T) {
 		t.Errorf("the new model's source %q", got)
 	}
 
-	// Deleting the object brings the bundle's weights back.
+	// Deleting the object brings the bundle's weights back. (Add applied
+	// under the lock Run's applies take, so the count is settled.)
+	beforeDelete := releases.Load()
 	if err := obs.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the bundle's weights back", func() bool { return w.Status(id).Source == SourceBundle })
+	waitFor(t, "the bundle reading's garbage released", func() bool { return releases.Load() > beforeDelete })
 	if v, n := a.first("top_mlp.0.kernel"); v != bundle.Param("top_mlp.0.kernel")[0] || n != 2 {
 		t.Fatalf("after the deletion the fake serves %v (%d swaps), want the bundle's %v", v, n, bundle.Param("top_mlp.0.kernel")[0])
 	}

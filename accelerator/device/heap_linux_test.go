@@ -1,0 +1,58 @@
+package device
+
+import (
+	"os"
+	"runtime"
+	"testing"
+
+	"github.com/recmesh/recmesh/accelerator/device/internal/mallocfrag"
+)
+
+// resident is the process's resident memory in bytes.
+func resident(t *testing.T) int64 {
+	t.Helper()
+	n, err := Resident()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+const heapTestBytes = 48 << 20
+
+// TestReleaseHeapC checks that freed glibc heap pages, which free itself
+// keeps, go back to the kernel.
+func TestReleaseHeapC(t *testing.T) {
+	free, err := mallocfrag.Fill(heapTestBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer free()
+	before := resident(t)
+	if !ReleaseHeap() {
+		t.Error("ReleaseHeap reported that glibc released nothing")
+	}
+	after := resident(t)
+	if got := before - after; got < heapTestBytes*2/3 {
+		t.Errorf("resident memory fell by %d MiB, want at least %d MiB of the %d MiB freed",
+			got>>20, heapTestBytes*2/3>>20, heapTestBytes>>20)
+	}
+}
+
+// TestReleaseHeapGo checks that a dead Go allocation's pages go back to
+// the kernel without waiting for the collector's pace.
+func TestReleaseHeapGo(t *testing.T) {
+	b := make([]byte, heapTestBytes)
+	for i := 0; i < len(b); i += os.Getpagesize() {
+		b[i] = 1
+	}
+	runtime.KeepAlive(b)
+	b = nil
+	before := resident(t)
+	ReleaseHeap()
+	after := resident(t)
+	if got := before - after; got < heapTestBytes*2/3 {
+		t.Errorf("resident memory fell by %d MiB, want at least %d MiB of the %d MiB dropped",
+			got>>20, heapTestBytes*2/3>>20, heapTestBytes>>20)
+	}
+}
