@@ -26,8 +26,10 @@ import (
 //     arenas, which keep a freed page unless it is at an arena's top
 //     (MLPerf's network: 153 MB of arena memory, 15 MB of it in use).
 //
-// Call it after compiling, not on a serving path: it stops the world for
-// a collection and walks every arena.
+// Call it after rare events that leave garbage (a compile, a weights
+// swap), from a goroutine of its own, never per request: it stops the
+// world for a collection and walks every arena, which takes each arena's
+// lock while a batch may be allocating in it.
 func ReleaseHeap() bool {
 	debug.FreeOSMemory()
 	return C.malloc_trim(0) == 1
