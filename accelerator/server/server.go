@@ -57,6 +57,13 @@ type Options struct {
 	// (the embedder's --accelerator-key-file). It is read at every attach,
 	// so an embedder restarted with a new key is still reached.
 	AcceleratorKeyFile string
+	// Release, if set, runs after each calibration: the accelerator
+	// hands the heap pages it left free back to the kernel
+	// (device.ReleaseHeap). Calibrating runs every bucket, the largest
+	// ones' temporaries included (tens of MiB at bucket 4096 on MLPerf's
+	// network); glibc keeps what they freed resident, and serving small
+	// batches never needs it again.
+	Release func()
 }
 
 // Server serves batches of one embedder.
@@ -351,6 +358,9 @@ func (s *Server) execTimesFor(ex program) (*execTimes, error) {
 		return nil, err
 	}
 	s.log.Info("calibrated execution times", "took", time.Since(start).Round(time.Millisecond))
+	if s.opts.Release != nil {
+		s.opts.Release()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if prev := s.times[ex]; prev != nil {

@@ -350,6 +350,35 @@ func TestCalibratedBeforeAttach(t *testing.T) {
 	}
 }
 
+// TestReleaseAfterCalibration: Options.Release runs once calibration has
+// run the buckets, once per program, and before the accelerator shows as
+// attached, so the heap is handed back before the first call.
+func TestReleaseAfterCalibration(t *testing.T) {
+	dir, name := t.TempDir(), "recmesh-server-test"
+	g := newGeneration(t, dir, name, model.DLRMv2(model.DevVocabCap))
+	prog := newFakeProgram()
+	var releases, runsAtRelease atomic.Int64
+	opts := Options{Release: func() {
+		releases.Add(1)
+		runsAtRelease.Store(prog.runs.Load())
+	}}
+	s := startServerWith(t, dir, name, opts, prog)
+	s.attached(t, g)
+	if n := releases.Load(); n != 1 {
+		t.Fatalf("Release ran %d times by attach, want once", n)
+	}
+	if got, want := runsAtRelease.Load(), int64(len(prog.Buckets())); got < want {
+		t.Errorf("Release ran after %d program runs, want it after calibration's (at least %d)", got, want)
+	}
+	// Another generation of the same program is not calibrated again.
+	g.close()
+	g2 := newGeneration(t, dir, name, model.DLRMv2(model.DevVocabCap))
+	s.attached(t, g2)
+	if n := releases.Load(); n != 1 {
+		t.Errorf("Release ran %d times after a second generation of the same program, want once", n)
+	}
+}
+
 // TestServeBatch: every request of a batch is completed with its own rows'
 // scores, from the staging buffer in place or from a private copy, and the
 // buffer goes back to the embedder.

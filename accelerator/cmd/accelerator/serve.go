@@ -82,7 +82,7 @@ func runServe(ctx context.Context, args []string) error {
 	defer ex.Close()
 	releaseCompiler(rt, tel.Log)
 	srv, err := server.New(server.Options{ShmDir: *shmDir, Segment: *segment, AcceleratorKeyFile: *accelKey, Executor: ex, Log: tel.Log, Registry: tel.Registry, Tracer: tel.Tracer,
-		CopyStaging: !*zeroCopy})
+		CopyStaging: !*zeroCopy, Release: func() { releaseHeap(tel.Log, "calibrating") }})
 	if err != nil {
 		return err
 	}
@@ -103,7 +103,7 @@ func runServe(ctx context.Context, args []string) error {
 		}
 		bundles := &bundleDirs{dirs: map[string]string{ex.Config().ID(): startBundle}}
 		weights := dense.New(dense.Options{JS: js, Log: tel.Log, Registry: tel.Registry, Bundle: bundles.get,
-			Release: func() { device.ReleaseHeap() }})
+			Release: func() { releaseHeap(tel.Log, "dense weights") }})
 		if nc.IsConnected() {
 			addDense(ctx, weights, ex)
 		} else {
@@ -199,9 +199,9 @@ func (b *bundleDirs) set(modelID, dir string) {
 // the plugin's code pages (device.Runtime.ReleaseCode), most of them XLA's
 // compiler, which serving never runs again and which were a third of the
 // mesh's memory beyond its tables; and the free pages of the Go and C
-// heaps (device.ReleaseHeap): the weights' staging copies and the
-// compiler's garbage, 120 MiB for MLPerf's network, which neither heap
-// would give back while serving.
+// heaps (releaseHeap): the weights' staging copies and the compiler's
+// garbage, 120 MiB for MLPerf's network, which neither heap would give
+// back while serving.
 func releaseCompiler(rt *device.Runtime, log *slog.Logger) {
 	n, err := rt.ReleaseCode()
 	if err != nil {
@@ -209,14 +209,21 @@ func releaseCompiler(rt *device.Runtime, log *slog.Logger) {
 	} else {
 		log.Info("plugin code pages released after compiling", "mib", n>>20)
 	}
+	releaseHeap(log, "compiling")
+}
+
+// releaseHeap hands the free pages of the Go and C heaps back to the
+// kernel (device.ReleaseHeap) after a rare event that left them, and logs
+// what that gave back.
+func releaseHeap(log *slog.Logger, after string) {
 	before, errBefore := device.Resident()
 	trimmed := device.ReleaseHeap()
-	after, errAfter := device.Resident()
+	resident, errAfter := device.Resident()
 	if err := errors.Join(errBefore, errAfter); err != nil {
-		log.Warn("heap released after compiling; resident memory not read", "c_heap_trimmed", trimmed, "err", err)
+		log.Warn("heap released; resident memory not read", "after", after, "c_heap_trimmed", trimmed, "err", err)
 		return
 	}
-	log.Info("heap released after compiling", "c_heap_trimmed", trimmed, "resident_mib_before", before>>20, "resident_mib_after", after>>20)
+	log.Info("heap released", "after", after, "c_heap_trimmed", trimmed, "resident_mib_before", before>>20, "resident_mib_after", resident>>20)
 }
 
 // compile builds the executor for the bundle at dir; the bundle is only
