@@ -3,6 +3,8 @@ package device
 import (
 	"os"
 	"runtime"
+	"runtime/debug"
+	"strings"
 	"testing"
 
 	"github.com/recmesh/recmesh/accelerator/device/internal/mallocfrag"
@@ -54,5 +56,29 @@ func TestReleaseHeapGo(t *testing.T) {
 	if got := before - after; got < heapTestBytes*2/3 {
 		t.Errorf("resident memory fell by %d MiB, want at least %d MiB of the %d MiB dropped",
 			got>>20, heapTestBytes*2/3>>20, heapTestBytes>>20)
+	}
+}
+
+// TestThreadArenaTopKept shows why the accelerator imports onearena:
+// with glibc's arena per thread, what a new thread freed at the top of its
+// arena stays resident whatever ReleaseHeap does (onearena's
+// TestTopReleased checks that it goes back with one arena).
+func TestThreadArenaTopKept(t *testing.T) {
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "MALLOC_ARENA_MAX=") || strings.HasPrefix(kv, "GLIBC_TUNABLES=") {
+			t.Skipf("%s changes glibc's arenas for this test", kv)
+		}
+	}
+	const top = 24 << 20
+	if err := mallocfrag.ThreadTop(top); err != nil {
+		t.Fatal(err)
+	}
+	// The Go heap's free pages first, so that only the C heap's count.
+	debug.FreeOSMemory()
+	before := resident(t)
+	ReleaseHeap()
+	if got := before - resident(t); got >= top/3 {
+		t.Errorf("resident memory fell by %d MiB of the %d MiB a thread freed at its arena's top: "+
+			"ReleaseHeap reaches thread arenas now, and onearena may no longer be needed", got>>20, top>>20)
 	}
 }

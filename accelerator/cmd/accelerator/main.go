@@ -14,6 +14,10 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	// Every thread allocates from glibc's main arena, where ReleaseHeap
+	// reaches all that is free.
+	_ "github.com/recmesh/recmesh/accelerator/device/onearena"
 )
 
 type command struct {

@@ -4,6 +4,7 @@
 package mallocfrag
 
 /*
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,43 @@ static void *fill(int n, size_t size) {
 	for (int i = 0; i + 1 < got; i++) free(blocks[i]);
 	free(blocks);
 	return last;
+}
+
+struct threadJob {
+	size_t total, block;
+	int ok;
+};
+
+// threadTopRun allocates job->total bytes in blocks, writes every page,
+// and frees them newest first, so they all merge into the arena's top.
+static void *threadTopRun(void *arg) {
+	struct threadJob *job = arg;
+	size_t n = job->total / job->block;
+	void **blocks = malloc(n * sizeof(void *));
+	if (blocks == NULL) return NULL;
+	size_t got = 0;
+	for (; got < n; got++) {
+		blocks[got] = malloc(job->block);
+		if (blocks[got] == NULL) break;
+		memset(blocks[got], 1, job->block);
+	}
+	for (size_t i = got; i > 0; i--) free(blocks[i - 1]);
+	free(blocks);
+	job->ok = got == n;
+	return NULL;
+}
+
+// threadTop raises glibc's thresholds as a large free does (raise bytes,
+// mmapped, then freed), then runs threadTopRun on a new thread.
+static int threadTop(size_t total, size_t block, size_t raise) {
+	void *big = malloc(raise);
+	if (big == NULL) return 0;
+	free(big);
+	struct threadJob job = {total, block, 0};
+	pthread_t t;
+	if (pthread_create(&t, NULL, threadTopRun, &job) != 0) return 0;
+	pthread_join(t, NULL);
+	return job.ok;
 }
 */
 import "C"
@@ -45,4 +83,16 @@ func Fill(total int) (free func(), err error) {
 		return nil, errors.New("mallocfrag: malloc failed")
 	}
 	return func() { C.free(unsafe.Pointer(last)) }, nil
+}
+
+// ThreadTop leaves total bytes free but resident at the top of the arena a
+// new thread allocates from, as XLA's threads leave the temporaries of a
+// large batch: it first frees a large mmapped block, which raises glibc's
+// trim threshold to twice that block (here 2*total), so that the new
+// thread's frees stay below it and nothing is trimmed on free.
+func ThreadTop(total int) error {
+	if C.threadTop(C.size_t(total), C.size_t(1<<20), C.size_t(total)) == 0 {
+		return errors.New("mallocfrag: thread allocation failed")
+	}
+	return nil
 }
