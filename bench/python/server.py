@@ -287,6 +287,38 @@ def make_servicer(pb2, pb2_grpc, loaded, ready, args):
     return Servicer()
 
 
+class StopRequest:
+    """A stop asked for by SIGTERM or SIGINT (install) or by another thread
+    (set), which the main thread waits for.
+
+    A signal's Python handler runs in the main thread between two
+    bytecodes, wherever that thread is. A handler that set a
+    threading.Event took the Event's lock, which the main thread may hold
+    at that moment inside Event.wait, and the process deadlocked: CI saw a
+    py-mp-local process, sent SIGTERM twice (by the test's process-group
+    signal and by its supervisor), never stop and never reach the
+    faulthandler deadline. This handler only appends to a list, which
+    takes no lock, and wait polls."""
+
+    def __init__(self):
+        self._asked = []
+
+    def install(self):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda got, _frame: self._asked.append(got))
+
+    def set(self):
+        self._asked.append(None)
+
+    def wait(self, timeout):
+        """Sleeps for timeout unless a stop was asked (a handler runs
+        during the sleep, which then goes on), and reports whether one
+        was."""
+        if not self._asked:
+            time.sleep(timeout)
+        return bool(self._asked)
+
+
 # STOP_GRACE is how long a stopping server lets its calls finish;
 # STOP_DEADLINE when it gives up on a clean stop, under the supervisor's
 # 10 s (STOP_WAIT).
@@ -328,9 +360,8 @@ def serve_grpc(args):
     server.start()
     announce(f"BOUND {hostport(args.host, port)}")
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = StopRequest()
+    stop.install()
     failed = []
 
     def prepare():
@@ -353,7 +384,7 @@ def serve_grpc(args):
         announce(f"READY {hostport(args.host, port)}")
 
     threading.Thread(target=prepare, name="prepare", daemon=True).start()
-    while not stop.wait(1.0):
+    while not stop.wait(0.2):
         pass
     # Whatever hangs from here on, the process prints where every thread
     # is and exits 1 before its supervisor's deadline, which then fails the
@@ -474,9 +505,8 @@ def supervise(args, argv):
     for _, c in children:
         threading.Thread(target=watch, args=(c,), daemon=True).start()
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = StopRequest()
+    stop.install()
     said = set()
     dead = []
     rc = 0
