@@ -75,9 +75,18 @@ type conn struct {
 	peerWindow int64
 	peerFrame  uint32
 	// pending are answers held back by flow control, in order.
-	pending   []*stream
-	goingAway bool
-	closed    bool
+	pending []*stream
+	// goingAway: the GOAWAY naming the last stream served is sent; later
+	// streams are refused and the connection closes once idle. warned:
+	// a graceful stop's first GOAWAY (and its PING) is sent; drainTimer
+	// sends the second if the PING's ack is late.
+	goingAway  bool
+	warned     bool
+	drainTimer *time.Timer
+	// goAwayOnReady: GracefulStop came during the handshake; serve warns
+	// as soon as the server preface is out.
+	goAwayOnReady bool
+	closed        bool
 	// ackPending: the write buffer holds PING acks left for an answer to
 	// carry out (onPing), ackBytes of them and nothing else while its
 	// length is still that. ackTimer flushes them after pingAckDelay;
@@ -164,6 +173,9 @@ func (c *conn) shutdownLocked() {
 	if c.watchdog != nil {
 		c.watchdog.Stop()
 	}
+	if c.drainTimer != nil {
+		c.drainTimer.Stop()
+	}
 	c.end()
 }
 
@@ -184,11 +196,62 @@ func (c *conn) close() {
 }
 
 // goAway tells the client to open no more streams; the connection closes
-// once the streams it has are answered.
+// once the streams it has are answered. It takes two GOAWAYs (RFC 9113
+// 6.8), as grpc-go's server does: the first, naming the largest stream
+// id, warns the client off new streams while still serving the ones
+// already on their way, which a single GOAWAY would refuse (and a client
+// retries a refused call only once); a PING's ack then shows they have
+// all arrived, and the second GOAWAY names the last.
+//
+// A connection still in its handshake is not closed: the kernel completed
+// it, and the client may already have a call waiting on it, which a
+// closed socket would fail. It is warned as soon as the server preface is
+// out, and serves what the client sent meanwhile.
 func (c *conn) goAway() {
 	c.lock()
 	defer c.unlock()
-	c.goAwayLocked(http2.ErrCodeNo, "")
+	switch {
+	case c.closed:
+	case c.fr == nil:
+		c.goAwayOnReady = true
+	default:
+		c.warnLocked()
+	}
+}
+
+// drainPing is the payload of the PING that follows the first GOAWAY of a
+// graceful stop; drainAckTimeout is how long its ack may take before the
+// second GOAWAY goes out anyway.
+var drainPing = [8]byte{'r', 'm', 'd', 'r', 'a', 'i', 'n', '1'}
+
+const (
+	drainAckTimeout = time.Second
+	maxStreamID     = 1<<31 - 1
+)
+
+// warnLocked sends a graceful stop's first GOAWAY and its PING; wmu held.
+func (c *conn) warnLocked() {
+	if c.warned || c.goingAway {
+		return
+	}
+	c.warned = true
+	_ = c.fr.WriteGoAway(maxStreamID, http2.ErrCodeNo, nil)
+	_ = c.fr.WritePing(false, drainPing)
+	if err := c.bw.Flush(); err != nil {
+		c.closeLocked()
+		return
+	}
+	c.drainTimer = time.AfterFunc(drainAckTimeout, c.finalGoAway)
+}
+
+// finalGoAway sends a graceful stop's second GOAWAY (goAwayLocked): on the
+// ack of the drain PING, or when it is late.
+func (c *conn) finalGoAway() {
+	c.lock()
+	defer c.unlock()
+	if !c.closed {
+		c.goAwayLocked(http2.ErrCodeNo, "")
+	}
 }
 
 // goAwayLocked sends GOAWAY with code. NO_ERROR closes the connection
@@ -209,9 +272,24 @@ func (c *conn) goAwayLocked(code http2.ErrCode, debug string) {
 		_ = c.bw.Flush()
 		c.shutdownLocked()
 	case len(c.streams) == 0:
-		_ = c.bw.Flush()
-		c.closeLocked()
+		c.closeDrainedLocked()
 	}
+}
+
+// closeDrainedLocked ends a connection going away (NO_ERROR) once no
+// stream is left; wmu held. Closing the socket at once would reset it
+// when the client sent anything meanwhile (a WINDOW_UPDATE, a PING, a
+// stream begun as the GOAWAY crossed it), and a reset drops what was not
+// yet sent: the last answer, the GOAWAY. So the write side is shut after
+// a flush, and the reader reads on until the client closes, for at most
+// lingerTime, before finish closes the socket.
+func (c *conn) closeDrainedLocked() {
+	_ = c.bw.Flush()
+	c.shutdownLocked()
+	if cw, ok := c.raw.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = c.raw.SetReadDeadline(time.Now().Add(lingerTime))
 }
 
 // onGoAway answers the client's GOAWAY: the streams it has are answered,
@@ -284,6 +362,9 @@ func (c *conn) serve() {
 	)
 	if inc := o.ConnWindow - initialWindow; inc > 0 {
 		_ = c.fr.WriteWindowUpdate(0, uint32(inc))
+	}
+	if c.goAwayOnReady {
+		c.warnLocked()
 	}
 	c.unlock()
 

@@ -51,6 +51,9 @@ func (c *conn) onSettings(f *http2.SettingsFrame) bool {
 
 func (c *conn) onPing(f *http2.PingFrame) bool {
 	if f.IsAck() {
+		if f.Data == drainPing {
+			c.finalGoAway()
+		}
 		return true
 	}
 	now := time.Now()
@@ -197,7 +200,6 @@ func (c *conn) removeLocked(s *stream) {
 		}
 	}
 	if c.goingAway && len(c.streams) == 0 && !c.closed {
-		_ = c.bw.Flush()
-		c.closeLocked()
+		c.closeDrainedLocked()
 	}
 }
