@@ -30,8 +30,11 @@ type steered struct {
 	dir    string
 	reason string // why eBPF is not used, in kernel-hash mode
 
-	mu    sync.Mutex // serialises listen, setReady and close
-	group *steering.Group
+	mu sync.Mutex // serialises listen, setReady, retire and close
+	// retired: the drain began; the slot stays unready whatever
+	// readiness polls still report.
+	retired bool
+	group   *steering.Group
 	// member is read on every call (in-flight counts) and accept: an
 	// atomic pointer, so the hot path takes no lock.
 	member atomic.Pointer[steering.Member]
@@ -129,7 +132,7 @@ func (s *steered) listen() (net.Listener, error) {
 			lis.Close()
 			return nil, fmt.Errorf("join the steering group: %w", err)
 		}
-		m.SetReady(true)
+		m.SetReady(!s.retired)
 		s.member.Store(m)
 	}
 	s.lis = &countingListener{Listener: lis, s: s}
@@ -141,9 +144,38 @@ func (s *steered) listen() (net.Listener, error) {
 func (s *steered) setReady(ready bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if m := s.member.Load(); m != nil {
+	if m := s.member.Load(); m != nil && !s.retired {
 		m.SetReady(ready)
 	}
+}
+
+// retire marks the slot unready for good: the drain began.
+func (s *steered) retire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.retired = true
+	if m := s.member.Load(); m != nil {
+		m.SetReady(false)
+	}
+}
+
+// settle waits, for at most timeout, until every connection the program
+// sent here before retire has been accepted (eBPF mode). Closing the
+// listener sooner would race the kernel: a handshake that completes as
+// the listener closes is reset, not moved to another frontend.
+func (s *steered) settle(timeout time.Duration) bool {
+	m := s.member.Load()
+	if m == nil {
+		return true
+	}
+	deadline := time.Now().Add(timeout)
+	for m.Pending() > 0 {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
 }
 
 // addInflight moves the slot's in-flight count (eBPF mode).

@@ -5,6 +5,7 @@ package frontend
 import (
 	"errors"
 	"net"
+	"time"
 
 	"github.com/recmesh/recmesh/frontend/steering"
 )
@@ -23,6 +24,8 @@ func bindSteered(string, string, string) (*steered, error) {
 }
 func (s *steered) listen() (net.Listener, error) { return nil, errors.ErrUnsupported }
 func (s *steered) setReady(bool)                 {}
+func (s *steered) retire()                       {}
+func (s *steered) settle(time.Duration) bool     { return true }
 func (s *steered) addInflight(int32)             {}
 func (s *steered) sweep(<-chan struct{})         {}
 func (s *steered) close()                        {}

@@ -28,6 +28,17 @@ import (
 	"github.com/recmesh/recmesh/telemetry"
 )
 
+// handoffTimeout bounds how long the drain waits for the server to take up
+// the connections it accepted before the listener closed: a goroutine
+// each, scheduled within milliseconds even on a loaded host.
+const handoffTimeout = 5 * time.Second
+
+// settleTimeout bounds how long the drain waits for the handshakes the
+// steering program began here before it retired: a round trip each, so
+// only a client that never completes its handshake makes it wait that
+// long.
+const settleTimeout = time.Second
+
 // metricsShutdownTimeout bounds how long the metrics endpoint may take to
 // close once the gRPC server has drained; scrapes are short.
 const metricsShutdownTimeout = 2 * time.Second
@@ -61,6 +72,9 @@ type Server struct {
 
 	// draining turns readiness off for good once shutdown begins.
 	draining atomic.Bool
+	// accepting is the listener the port's server serves, once it does;
+	// the drain stops it accepting before the server stops.
+	accepting atomic.Pointer[limitListener]
 	// streamsDone is cancelled when the server stops accepting, to end
 	// long-lived streams (health Watch, reflection) that would otherwise
 	// hold GracefulStop until DrainTimeout.
@@ -246,8 +260,8 @@ func (s *Server) Listen() error {
 
 // limitConns wraps the port's listener for both transports: the
 // connection cap, and on grpc the metering of bodyGuard.
-func (s *Server) limitConns(lis net.Listener) net.Listener {
-	return &limitListener{Listener: lis, max: int64(s.opts.MaxConnections), metrics: s.metrics, guard: s.guard}
+func (s *Server) limitConns(lis net.Listener) *limitListener {
+	return newLimitListener(lis, s.opts.MaxConnections, s.metrics, s.guard)
 }
 
 // bufferedBytes is recmesh_frontend_buffered_request_bytes.
@@ -366,7 +380,11 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		if lis == nil {
 			return // stopped before the backend was ever ready
 		}
-		if err := s.rpc.Serve(s.limitConns(lis)); err != nil {
+		ll := s.limitConns(lis)
+		s.accepting.Store(ll)
+		err = s.rpc.Serve(ll)
+		s.accepting.Store(nil) // nothing left for the drain to stop
+		if err != nil {
 			failed <- fmt.Errorf("frontend: serve gRPC: %w", err)
 		}
 	})
@@ -430,12 +448,22 @@ func (s *Server) drain() {
 	s.draining.Store(true)
 	if s.steer != nil {
 		// New connections go elsewhere now, and those still queued when
-		// GracefulStop closes the listener migrate to a ready frontend.
-		s.steer.setReady(false)
+		// the listener closes migrate to a ready frontend.
+		s.steer.retire()
 	}
 	s.health.Shutdown()
 	if d := s.opts.DrainDelay; d > 0 {
 		time.Sleep(d) // serving on, unready, so that balancers move away first
+	}
+	if s.steer != nil && !s.steer.settle(settleTimeout) {
+		s.log.Warn("frontend stops accepting with connections the steering program sent it still in their handshake", "waited", settleTimeout)
+	}
+	if ll := s.accepting.Load(); ll != nil {
+		// Closed here rather than by GracefulStop, which would drop the
+		// connections accepted as it begins (limitListener).
+		if err := ll.stopAccepting(min(s.opts.DrainTimeout, handoffTimeout)); err != nil {
+			s.log.Warn("frontend stopped accepting before every accepted connection was served", "err", err)
+		}
 	}
 
 	stopped := make(chan struct{})

@@ -334,6 +334,10 @@ func (m *Member) Accepted() {
 	}
 }
 
+// Pending is how many connections the program sent this member that it
+// has not accepted yet (as far as the count knows: see ForgetPending).
+func (m *Member) Pending() uint32 { return atomic.LoadUint32(m.g.word(m.slot, offPending)) }
+
 // ForgetPending clears the count of connections sent but not accepted.
 // The program counts each one it sends; one that never arrives (reset
 // during the handshake) would count forever, so frontends clear it from
