@@ -245,11 +245,12 @@ func (c *conn) warnLocked() {
 }
 
 // finalGoAway sends a graceful stop's second GOAWAY (goAwayLocked): on the
-// ack of the drain PING, or when it is late.
+// ack of the drain PING, or when it is late. An ack no drain asked for
+// changes nothing.
 func (c *conn) finalGoAway() {
 	c.lock()
 	defer c.unlock()
-	if !c.closed {
+	if c.warned && !c.closed {
 		c.goAwayLocked(http2.ErrCodeNo, "")
 	}
 }
