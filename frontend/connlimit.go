@@ -96,7 +96,8 @@ func (l *limitListener) Close() error {
 // and waits, for at most timeout, until the server has taken up every
 // connection accepted before: the listener's Accept has returned the
 // socket's error, and each connection handed out has been touched. The
-// server's own stop then finds no connection it would drop. With eBPF
+// server's own stop then finds no connection it would drop (limitedConn.
+// claimed says how a connection counts as taken up). With eBPF
 // steering the kernel moves the connections still queued on the socket
 // to a live frontend of the port as it closes. Accept returns only once
 // the server closes the listener.
@@ -130,15 +131,17 @@ type limitedConn struct {
 	l     *limitListener
 	once  sync.Once
 	meter *connMeter // grpc only
-	// claimed: the server has called a method of the connection, so it
-	// has passed the point where a stop would drop it unserved.
+	// claimed: the server has taken the connection up, past the point
+	// where a stop would drop it unserved. Both servers' first call on a
+	// connection is SetDeadline (the handshake's bound), or Close when
+	// they drop it; only those two claim, so reads and writes pay nothing.
 	claimed atomic.Bool
 	// handshook: grpc-go cleared the handshake deadline (grpc only).
 	handshook  atomic.Bool
 	timeoutHit atomic.Bool
 }
 
-// claim notes the server's first use of the connection.
+// claim notes that the server took the connection up.
 func (c *limitedConn) claim() {
 	if !c.claimed.Load() && !c.claimed.Swap(true) {
 		c.l.unclaimed.Add(-1)
@@ -146,7 +149,6 @@ func (c *limitedConn) claim() {
 }
 
 func (c *limitedConn) Read(b []byte) (int, error) {
-	c.claim()
 	n, err := c.Conn.Read(b)
 	if m := c.meter; m != nil {
 		if n > 0 {
@@ -174,26 +176,10 @@ func (c *limitedConn) SetDeadline(t time.Time) error {
 // CloseWrite shuts the write side where the socket can (h2unary does,
 // lingering after a connection error).
 func (c *limitedConn) CloseWrite() error {
-	c.claim()
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}
 	return errors.ErrUnsupported
-}
-
-func (c *limitedConn) Write(b []byte) (int, error) {
-	c.claim()
-	return c.Conn.Write(b)
-}
-
-func (c *limitedConn) SetReadDeadline(t time.Time) error {
-	c.claim()
-	return c.Conn.SetReadDeadline(t)
-}
-
-func (c *limitedConn) SetWriteDeadline(t time.Time) error {
-	c.claim()
-	return c.Conn.SetWriteDeadline(t)
 }
 
 func (c *limitedConn) Close() error {
